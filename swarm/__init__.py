@@ -1,0 +1,1 @@
+"""swarm: a launcher and orchestrator for a local agent swarm that shares its prompt trunk."""

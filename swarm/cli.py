@@ -1,0 +1,43 @@
+"""The `swarm` command line. Each command lives in its own module; this file only wires them."""
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from engine.errors import SwarmError
+
+app = typer.Typer(
+    help="Run a local swarm of coding agents that share one KV cache of their common prompt trunk.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    from swarm import generate_cmd
+
+    app.command("models")(generate_cmd.models)
+    app.command("generate")(generate_cmd.generate)
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point: user errors print one line and exit non-zero, never a traceback."""
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+    except SwarmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
