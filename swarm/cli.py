@@ -35,9 +35,9 @@ def main() -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
     except SwarmError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
