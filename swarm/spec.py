@@ -1,0 +1,261 @@
+"""swarm.yaml: what to run, checked up front so a mistake is one line naming file, line and key.
+
+Every key is documented in `swarm/SPEC_REFERENCE.md`; `swarm.yaml.example` shows them all.
+Relative paths (model, harness, workspace, out) are relative to the spec file's folder.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+from engine.errors import ModelLoadError
+from engine.loader import resolve_model
+from engine.named_models import NAMED_MODELS
+from swarm.harness import resolve_harness
+from swarm.kv_budget import KvBudget, parse_kv_budget
+from swarm.spec_reader import SpecReader, describe, end_line_of, line_of
+from swarm.tool_schema import normalize_tool
+from swarm.workspace import WORKSPACE_MODES
+
+TOP_KEYS = ["model", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
+            "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
+DTYPES = ["float16", "bfloat16", "float32"]
+DEFAULT_HARNESS = "coding-agent"
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(slots=True)
+class AgentSpec:
+    name: str
+    task: str
+    context: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WorkspaceSpec:
+    path: Path
+    mode: str = "copy"
+
+
+@dataclass(slots=True)
+class SamplingSpec:
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int = 1024
+
+
+@dataclass(slots=True)
+class LimitsSpec:
+    max_turns: int = 30
+    max_tokens: int = 32768
+    wall_time: float = 1800.0
+
+
+@dataclass(slots=True)
+class RunCommandSpec:
+    enabled: bool = True
+    timeout: float = 60.0
+
+
+@dataclass(slots=True)
+class SwarmSpec:
+    path: Path
+    model: str
+    agents: list[AgentSpec]
+    device: str = "auto"
+    dtype: str = "float16"
+    kv_budget: KvBudget | None = None
+    harness: Path | None = None
+    extra_tools: list[dict] = field(default_factory=list)
+    extra_rules: list[str] = field(default_factory=list)
+    task: str | None = None
+    workspace: WorkspaceSpec | None = None
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
+    run_command: RunCommandSpec = field(default_factory=RunCommandSpec)
+    out: Path | None = None
+    lines: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """First and last line of each located value: "extra_rules[0]", "extra_tools[1]", "model"."""
+
+
+# name: (type, minimum, maximum); None as a type allows `null`
+_SAMPLING = {"temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0), "top_k": (int, 0, None),
+             "seed": ((int, type(None)), None, None), "max_tokens": (int, 1, None)}
+_LIMITS = {"max_turns": (int, 1, None), "max_tokens": (int, 1, None), "wall_time": (float, 1.0, None)}
+_RUN_COMMAND = {"enabled": (bool, None, None), "timeout": (float, 0.1, None)}
+
+
+def load_spec(path: str | Path, check_model: bool = True) -> SwarmSpec:
+    """Read and validate a swarm.yaml; raise SpecError (exit code 2) with one line on any mistake."""
+    reader = SpecReader(path)
+    root_node = reader.load()
+    root = reader.mapping(root_node, "", TOP_KEYS, required=["model", "agents"])
+    base = Path(path).resolve().parent
+    spec = SwarmSpec(path=Path(path), model=_model(reader, root["model"], base, check_model), agents=[])
+    spec.lines = {key: (line_of(node), end_line_of(node)) for key, node in root.items()}
+    spec.task = _task(reader, root.get("task"), "task")
+    spec.agents = _agents(reader, root["agents"], spec.task)
+    _read_engine_keys(reader, root, spec)
+    spec.harness = _harness(reader, root.get("harness", root_node), base)
+    spec.extra_rules = _rules(reader, root.get("extra_rules"), spec)
+    spec.extra_tools = _tools(reader, root.get("extra_tools"), spec)
+    spec.workspace = _workspace(reader, root.get("workspace"), base)
+    spec.sampling = _section(reader, root.get("sampling"), "sampling", SamplingSpec, _SAMPLING)
+    spec.limits = _section(reader, root.get("limits"), "limits", LimitsSpec, _LIMITS)
+    spec.run_command = _section(reader, root.get("run_command"), "run_command", RunCommandSpec, _RUN_COMMAND)
+    spec.out = _path(base, reader.typed(root["out"], "out", str) if "out" in root else "runs")
+    return spec
+
+
+def _model(reader: SpecReader, node: Node, base: Path, check: bool) -> str:
+    ref = reader.typed(node, "model", str)
+    if ref not in NAMED_MODELS and _path(base, ref).exists():
+        ref = str(_path(base, ref))
+    if check:
+        try:
+            resolve_model(ref)
+        except ModelLoadError as err:
+            raise reader.fail(node, "model", str(err)) from None
+    return ref
+
+
+def _read_engine_keys(reader: SpecReader, root: dict[str, Node], spec: SwarmSpec) -> None:
+    if "device" in root:
+        spec.device = reader.typed(root["device"], "device", str)
+        if not _DEVICE.match(spec.device):
+            raise reader.fail(root["device"], "device", f"{spec.device!r} is not auto, cpu, cuda or cuda:N")
+    if "dtype" in root:
+        spec.dtype = reader.choice(root["dtype"], "dtype", DTYPES)
+    if "kv_budget" in root:
+        raw = reader.typed(root["kv_budget"], "kv_budget", (int, str))
+        try:
+            spec.kv_budget = parse_kv_budget(raw)
+        except ValueError as err:
+            raise reader.fail(root["kv_budget"], "kv_budget", str(err)) from None
+
+
+def _task(reader: SpecReader, node: Node | None, key: str) -> str | None:
+    if node is None:
+        return None
+    task = reader.typed(node, key, str).strip()
+    if not task:
+        raise reader.fail(node, key, "is empty; say what the agent should do")
+    return task
+
+
+def _agents(reader: SpecReader, node: Node, default_task: str | None) -> list[AgentSpec]:
+    if not isinstance(node, SequenceNode):
+        count = _agent_count(reader, node)
+        if default_task is None:
+            raise reader.fail(node, "task", "missing required key: agents is a count, so set a top-level task")
+        return [AgentSpec(name=f"agent-{i + 1}", task=default_task) for i in range(count)]
+    items = reader.sequence(node, "agents")
+    if not items:
+        raise reader.fail(node, "agents", "the list is empty; give at least one agent")
+    agents = [_agent(reader, item, f"agents[{i}]", i, default_task) for i, item in enumerate(items)]
+    seen: set[str] = set()
+    for item, agent in zip(items, agents):
+        if agent.name in seen:
+            raise reader.fail(item, "agents", f"two agents are named {agent.name!r}; names must differ")
+        seen.add(agent.name)
+    return agents
+
+
+def _agent_count(reader: SpecReader, node: Node) -> int:
+    value = reader.value(node, "agents")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise reader.fail(node, "agents", f"expected a count like 4 or a list of agents, got {describe(node)}")
+    return reader.number(node, "agents", int, minimum=1, maximum=256)
+
+
+def _agent(reader: SpecReader, node: Node, key: str, index: int, default_task: str | None) -> AgentSpec:
+    values = reader.mapping(node, key, ["name", "task", "context"])
+    name = reader.typed(values["name"], f"{key}.name", str) if "name" in values else f"agent-{index + 1}"
+    if not _AGENT_NAME.match(name):
+        raise reader.fail(values.get("name", node), f"{key}.name",
+                          f"{name!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
+    task = _task(reader, values.get("task"), f"{key}.task") or default_task
+    if task is None:
+        raise reader.fail(node, f"{key}.task", "missing required key (or set a top-level task)")
+    return AgentSpec(name=name, task=task, context=_context(reader, values.get("context"), f"{key}.context"))
+
+
+def _context(reader: SpecReader, node: Node | None, key: str) -> dict[str, str]:
+    if node is None:
+        return {}
+    raw = reader.typed(node, key, dict)
+    context = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or isinstance(value, (dict, list)):
+            raise reader.fail(node, f"{key}.{name}", "context variables are name: text pairs")
+        context[name] = "" if value is None else str(value)
+    return context
+
+
+def _harness(reader: SpecReader, node: Node, base: Path) -> Path:
+    """`node` is the harness value, or the whole file when the key is left out."""
+    ref = DEFAULT_HARNESS if isinstance(node, MappingNode) else reader.typed(node, "harness", str)
+    try:
+        return resolve_harness(ref, base)
+    except ValueError as err:
+        raise reader.fail(node, "harness", str(err)) from None
+
+
+def _rules(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[str]:
+    if node is None:
+        return []
+    rules = []
+    for i, item in enumerate(reader.sequence(node, "extra_rules")):
+        rules.append(reader.typed(item, f"extra_rules[{i}]", str))
+        spec.lines[f"extra_rules[{i}]"] = (line_of(item), end_line_of(item))
+    return rules
+
+
+def _tools(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[dict]:
+    if node is None:
+        return []
+    tools = []
+    for i, item in enumerate(reader.sequence(node, "extra_tools")):
+        try:
+            tools.append(normalize_tool(reader.typed(item, f"extra_tools[{i}]", dict)))
+        except ValueError as err:
+            raise reader.fail(item, f"extra_tools[{i}]", str(err)) from None
+        spec.lines[f"extra_tools[{i}]"] = (line_of(item), end_line_of(item))
+    return tools
+
+
+def _workspace(reader: SpecReader, node: Node | None, base: Path) -> WorkspaceSpec:
+    if node is None:
+        return WorkspaceSpec(path=base)
+    if not isinstance(node, MappingNode):
+        return WorkspaceSpec(path=_path(base, reader.typed(node, "workspace", str)))
+    values = reader.mapping(node, "workspace", ["path", "mode"], required=["path"])
+    path = _path(base, reader.typed(values["path"], "workspace.path", str))
+    mode = reader.choice(values["mode"], "workspace.mode", WORKSPACE_MODES) if "mode" in values else "copy"
+    return WorkspaceSpec(path=path, mode=mode)
+
+
+def _section(reader: SpecReader, node: Node | None, key: str, cls: type, schema: dict):
+    if node is None:
+        return cls()
+    assert [f.name for f in fields(cls)] == list(schema), f"{cls.__name__} and its schema disagree"
+    values = reader.mapping(node, key, schema)
+    kwargs = {}
+    for name, value_node in values.items():
+        kind, minimum, maximum = schema[name]
+        path = f"{key}.{name}"
+        value = reader.typed(value_node, path, kind)
+        if value is not None and (minimum is not None or maximum is not None):
+            value = reader.number(value_node, path, kind, minimum, maximum)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _path(base: Path, raw: str) -> Path:
+    return base / Path(raw).expanduser()
