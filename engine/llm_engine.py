@@ -1,0 +1,187 @@
+"""The engine loop: schedule a step, run it, sample, and decide who is done."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.block_pool import BlockPool
+from engine.errors import SwarmError
+from engine.kv_cache import KVCache, blocks_for_budget
+from engine.kv_stats import KVStats, collect_stats
+from engine.loader import load_model_config, load_tokenizer, load_weights, resolve_model
+from engine.model_runner import ModelRunner, build_model
+from engine.sampling import Sampler, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+DEFAULT_CPU_KV_TOKENS = 65536
+GPU_MEMORY_FRACTION = 0.85
+
+
+@dataclass(slots=True)
+class EngineOptions:
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_budget_tokens: int | None = None
+    kv_budget_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+
+
+@dataclass(slots=True)
+class StepResult:
+    new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+    prefilled: list[Sequence] = field(default_factory=list)
+    logits: torch.Tensor | None = None   # rows aligned with new_tokens
+
+
+class LLMEngine:
+    def __init__(self, model: str, options: EngineOptions):
+        self.source = resolve_model(model)
+        self.config = load_model_config(self.source)
+        self.tokenizer = load_tokenizer(self.source)
+        self.device = pick_device(options.device)
+        self.dtype = pick_dtype(options.dtype, self.device)
+        net = build_model(self.config, load_weights(self.source), self.device, self.dtype)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        num_blocks = self._num_blocks(options)
+        kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
+        self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens)
+        self.runner = ModelRunner(net, kv, self.device)
+        self.sampler = Sampler()
+        self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
+        self.live: dict[int, Sequence] = {}
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "",
+                    keep_kv: bool = False, prefill_only: bool = False) -> Sequence:
+        if not prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        seq = Sequence(list(prompt_ids), params, request_id=request_id,
+                       keep_kv=keep_kv or prefill_only, prefill_only=prefill_only)
+        self.live[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def extend(self, seq: Sequence, token_ids: list[int], params: SamplingParams | None = None) -> None:
+        """Append tokens to a paused sequence (a tool result, the next user turn) and go on
+        generating from its kept KV: only the new tokens are computed."""
+        assert seq.status == SequenceStatus.PAUSED, "extend() takes a paused sequence"
+        seq.token_ids += token_ids
+        seq.num_prompt_tokens = len(seq.token_ids)
+        seq.finish_reason = None
+        if params is not None:
+            seq.params = params
+        self.scheduler.resume(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.scheduler.release(seq)
+        self.sampler.forget(seq.seq_id)
+        self.live.pop(seq.seq_id, None)
+
+    def pin(self, seq: Sequence) -> list[int]:
+        return self.blocks.pin(seq)
+
+    def unpin(self, block_ids: list[int]) -> None:
+        self.blocks.unpin(block_ids)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> StepResult:
+        result = StepResult()
+        batch = self.scheduler.schedule()
+        result.finished += batch.failed
+        if not batch.seqs:
+            return result
+        logits = self.runner.run(batch)
+        sample_rows = []
+        for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
+            self.blocks.commit_written(seq, n)
+            if batch.is_prefill and seq.num_uncomputed_tokens:
+                continue
+            if batch.is_prefill:
+                self.scheduler.prompt_done(seq)
+                result.prefilled.append(seq)
+                if seq.prefill_only:
+                    seq.finish_reason = "prefilled"
+                    self.scheduler.finish(seq)
+                    continue
+            sample_rows.append(row)
+        if sample_rows:
+            self._sample(batch.seqs, sample_rows, logits, result)
+        return result
+
+    def kv_stats(self) -> KVStats:
+        seqs = [s for s in self.live.values() if s.block_table]
+        return collect_stats(self.blocks, seqs, self.runner.kv.block_bytes, self.runner.tokens_computed)
+
+    @property
+    def tokens_computed(self) -> int:
+        return self.runner.tokens_computed
+
+    def _sample(self, seqs, rows, logits, result: StepResult) -> None:
+        chosen = [seqs[r] for r in rows]
+        result.logits = logits[rows]
+        tokens = self.sampler.sample(result.logits, [(s.seq_id, s.params) for s in chosen])
+        for seq, token in zip(chosen, tokens):
+            seq.token_ids.append(token)
+            result.new_tokens.append((seq, token))
+            reason = self._finish_reason(seq, token)
+            if reason:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+                result.finished.append(seq)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if params.stop and self._hits_stop_string(seq):
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        return None
+
+    def _hits_stop_string(self, seq: Sequence) -> bool:
+        longest = max(len(s) for s in seq.params.stop)
+        tail = self.tokenizer.decode(seq.output_token_ids[-(longest + 8):])
+        return any(stop in tail for stop in seq.params.stop)
+
+    def _num_blocks(self, options: EngineOptions) -> int:
+        tokens, budget = options.kv_budget_tokens, options.kv_budget_bytes
+        if tokens is None and budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * GPU_MEMORY_FRACTION)
+            else:
+                tokens = min(DEFAULT_CPU_KV_TOKENS, 8 * self.config.max_position_embeddings)
+        return blocks_for_budget(self.config, options.block_size, self.dtype, tokens, budget)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SwarmError(f"device {name!r} is not known to torch; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SwarmError("device 'cuda' asked for, but torch sees no GPU; use --device cpu or auto")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise SwarmError(f"dtype {name!r} is not supported; use one of auto, {', '.join(dtypes)}")
+    return dtypes[name]

@@ -1,0 +1,76 @@
+"""Builds the model from weights, owns the KV tensors, and runs one scheduled step."""
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.kv_cache import KVCache
+from engine.model import AttentionBatch, CausalLM, RotaryEmbedding
+from engine.scheduler import ScheduledBatch
+
+
+def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                dtype: torch.dtype) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(config)
+    expected = dict(model.state_dict())
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = [name for name in expected if name not in weights]
+    if missing:
+        raise ModelLoadError(f"the checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing)")
+    state = {}
+    for name, tensor in weights.items():
+        if name not in expected:
+            continue
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"the config implies {tuple(expected[name].shape)}")
+        state[name] = tensor.to(device=device, dtype=dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = RotaryEmbedding(config).to(device)
+    return model.eval()
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device):
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.tokens_computed = 0
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits at the last new token of each scheduled sequence: [seqs, vocab]."""
+        self.kv.copy_blocks([(c.src, c.dst) for c in batch.copies])
+        input_ids, positions, attention = self._prepare(batch)
+        hidden = self.model(input_ids, positions, attention, self.kv)
+        last = torch.tensor(batch.num_new, device=self.device).cumsum(0) - 1
+        self.tokens_computed += input_ids.numel()
+        return self.model.compute_logits(hidden[last])
+
+    def _prepare(self, batch: ScheduledBatch):
+        block_size = self.kv.block_size
+        tokens, positions, slots, context_lens = [], [], [], []
+        for seq, n in zip(batch.seqs, batch.num_new):
+            start = seq.num_computed_tokens
+            span = range(start, start + n)
+            tokens += seq.token_ids[start:start + n]
+            positions += span
+            slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in span]
+            context_lens.append(start + n)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
+        attention = AttentionBatch(
+            is_prefill=batch.is_prefill,
+            slot_mapping=as_tensor(slots),
+            context_lens=as_tensor(context_lens),
+            block_tables=as_tensor(tables),
+            query_lens=list(batch.num_new),
+            context_lens_list=context_lens,
+        )
+        return as_tensor(tokens), as_tensor(positions), attention
