@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 
 import harness_templates
 from engine.errors import SpecError
-from swarm.tool_schema import canonical_tools
+from swarm.tool_schema import canonical_tools, tool_name
 
 TEMPLATES_DIR = Path(list(harness_templates.__path__)[0])
 _SUFFIXES = (".json", ".yaml", ".yml")
@@ -27,6 +28,9 @@ class Harness:
     rules: list[str]
     tools: list[dict]
     path: Path
+    rule_lines: list[int]
+    tool_lines: dict[str, int]
+    """The line of each rule, and of each tool's name, in `path` (1 where it cannot be found)."""
 
 
 def available_harnesses() -> list[str]:
@@ -64,8 +68,11 @@ def load_harness(path: Path) -> Harness:
         tools = canonical_tools(raw.get("tools", []) or [])
     except ValueError as err:
         raise SpecError(f"{path}: tools: {err}") from None
+    text = path.read_text()
     return Harness(name=str(raw.get("name", path.stem)), description=str(raw.get("description", "")),
-                   rules=list(rules), tools=tools, path=path)
+                   rules=list(rules), tools=tools, path=path,
+                   rule_lines=[_line_of(text, json.dumps(rule, ensure_ascii=False)) for rule in rules],
+                   tool_lines={tool_name(t): _tool_line(text, tool_name(t)) for t in tools})
 
 
 def _read(path: Path):
@@ -76,6 +83,18 @@ def _read(path: Path):
         raise SpecError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+
+
+def _line_of(text: str, needle: str) -> int:
+    found = text.find(needle)
+    if found < 0:
+        found = text.find(needle.strip('"'))
+    return text.count("\n", 0, found) + 1 if found >= 0 else 1
+
+
+def _tool_line(text: str, name: str) -> int:
+    match = re.search(r'"?name"?\s*:\s*"?' + re.escape(name) + r'\b', text)
+    return text.count("\n", 0, match.start()) + 1 if match else 1
 
 
 def _looks_like_path(ref: str) -> bool:
