@@ -41,6 +41,7 @@ class ModelRunner:
         self.kv = kv
         self.device = device
         self.tokens_computed = 0
+        self.prompt_tokens_computed = 0
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
@@ -50,6 +51,8 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, attention, self.kv)
         last = torch.tensor(batch.num_new, device=self.device).cumsum(0) - 1
         self.tokens_computed += input_ids.numel()
+        if batch.is_prefill:
+            self.prompt_tokens_computed += input_ids.numel()
         return self.model.compute_logits(hidden[last])
 
     def _prepare(self, batch: ScheduledBatch):

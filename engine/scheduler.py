@@ -36,6 +36,7 @@ class Scheduler:
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self.paused: dict[int, Sequence] = {}
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -184,6 +185,7 @@ class Scheduler:
             self._fail(youngest, batch)
 
     def _preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = SequenceStatus.WAITING

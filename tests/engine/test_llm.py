@@ -1,0 +1,134 @@
+"""Sharing changes memory and speed, never output; the trunk is computed once; the figures add up."""
+import random
+
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.engine.conftest import ALL_VARIANTS
+
+BLOCK = 16
+
+
+def swarm_prompts(trunk_len: int, suffix_len: int, agents: int = 8, seed: int = 0):
+    """A shared trunk, then suffixes that differ from their first token on."""
+    rng = random.Random(seed)
+    trunk = [rng.randrange(4, 300) for _ in range(trunk_len)]
+    return trunk, [trunk + [10 + i] + [rng.randrange(4, 300) for _ in range(suffix_len - 1)]
+                   for i in range(agents)]
+
+
+def unique_blocks_in_use(llm: LLM) -> int:
+    stats = llm.kv_stats()
+    return stats.blocks_in_use
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, variant):
+    folder = str(tiny_model_dir(variant))
+    _, prompts = swarm_prompts(trunk_len=45, suffix_len=7)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    shared = LLM(folder, kv_budget_tokens=4096)
+    unshared = LLM(folder, kv_budget_tokens=4096, enable_prefix_caching=False)
+    together = shared.generate(prompts, params)
+    without = unshared.generate(prompts, params)
+    alone = [unshared.generate([p], params)[0] for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in without]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert all(o.num_cached_tokens == 45 for o in together[1:])
+    assert all(o.num_cached_tokens == 0 for o in without)
+
+
+def test_trunk_is_computed_once(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192)
+    trunk, prompts = swarm_prompts(trunk_len=203, suffix_len=30)
+    suffixes = [len(p) - len(trunk) for p in prompts]
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert llm.engine.runner.prompt_tokens_computed == len(trunk) + sum(suffixes)
+    assert llm.tokens_computed == len(trunk) + sum(suffixes) + len(prompts) * 3
+
+
+def test_sharing_off_computes_every_prompt_in_full(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192, enable_prefix_caching=False)
+    _, prompts = swarm_prompts(trunk_len=203, suffix_len=30)
+    llm.generate(prompts, SamplingParams(max_tokens=1, ignore_eos=True))
+    assert llm.engine.runner.prompt_tokens_computed == sum(len(p) for p in prompts)
+
+
+def test_memory_holds_exactly_the_block_count_of_the_formula(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=16384)
+    engine = llm.engine
+    trunk_len, suffix_len, agents = 1000, 50, 8
+    _, prompts = swarm_prompts(trunk_len, suffix_len, agents)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=1, ignore_eos=True), keep_kv=True) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    # Each agent keeps its prompt's KV (the one sampled token has none yet). Full trunk
+    # blocks are held once; from the block where the trunk ends on, every agent holds its own.
+    full_trunk_blocks = trunk_len // BLOCK
+    private_per_agent = -(-(trunk_len + suffix_len) // BLOCK) - full_trunk_blocks
+    expected = full_trunk_blocks + agents * private_per_agent
+    stats = llm.kv_stats()
+    assert stats.blocks_in_use == expected == 62 + 8 * 4
+    assert stats.blocks_shared == full_trunk_blocks
+    assert stats.used_bytes == expected * stats.block_bytes
+    unique = set()
+    for seq in seqs:
+        unique.update(seq.block_table)
+    assert len(unique) * stats.block_bytes == stats.used_bytes
+    for request in stats.requests:
+        assert request.shared_tokens == full_trunk_blocks * BLOCK
+        assert request.private_tokens == trunk_len + suffix_len - full_trunk_blocks * BLOCK
+        assert request.private_bytes == private_per_agent * stats.block_bytes
+
+
+def test_pool_that_fits_three_of_eight_completes_all_eight_identically(tiny_model_dir):
+    folder = str(tiny_model_dir("qwen2"))
+    rng = random.Random(1)
+    prompts = [[rng.randrange(4, 300) for _ in range(60)] for _ in range(8)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    per_request_blocks = -(-(60 + 20) // BLOCK)
+    roomy = LLM(folder, kv_budget_tokens=8192).generate(prompts, params)
+    tight = LLM(folder, kv_budget_tokens=3 * per_request_blocks * BLOCK, max_num_batched_tokens=256)
+    outputs = tight.generate(prompts, params)
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in roomy]
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert tight.kv_stats().blocks_in_use == 0
+
+
+def test_request_that_can_never_fit_fails_and_the_others_carry_on(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=256)
+    huge, small = list(range(4, 300)), list(range(4, 40))
+    outputs = llm.generate([huge, small], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert outputs[0].finish_reason == "error" and "KV budget" in outputs[0].error
+    assert outputs[1].finish_reason == "length" and len(outputs[1].token_ids) == 5
+
+
+def test_paused_sequence_extends_in_place_without_recomputing_history(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=4096)
+    engine = llm.engine
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    seq = engine.add_request(list(range(4, 50)), params, keep_kv=True)
+    while engine.has_work():
+        engine.step()
+    before = llm.engine.runner.prompt_tokens_computed
+    engine.extend(seq, [7, 8, 9], params)
+    while engine.has_work():
+        engine.step()
+    # the last sampled token of turn one and the three new ones; nothing else
+    assert llm.engine.runner.prompt_tokens_computed - before == 4
+    history = seq.token_ids[:-5]
+    fresh = llm.generate([history], params)[0]
+    assert fresh.token_ids == seq.output_token_ids
+
+
+def test_stats_report_hits_and_pool_usage(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=4096)
+    _, prompts = swarm_prompts(trunk_len=100, suffix_len=10, agents=4)
+    llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
+    stats = llm.kv_stats()
+    assert stats.prefix_hit_tokens == 3 * 100
+    assert stats.prefix_hit_rate == pytest.approx(300 / (4 * 110))
+    assert stats.blocks_in_use == 0
+    assert stats.blocks_free == stats.blocks_total
+    assert stats.blocks_cached > 0

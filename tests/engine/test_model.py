@@ -1,0 +1,57 @@
+"""Our transformer against Hugging Face transformers on tiny random models of every family."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.engine.conftest import ALL_VARIANTS
+from tests.engine.tiny_models import load_reference
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 8, 13, 21, 34, 55, 89, 144, 233, 19, 23, 29, 31, 37]
+
+
+def _our_greedy_with_logits(llm: LLM, prompt: list[int], steps: int):
+    engine = llm.engine
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=steps, ignore_eos=True))
+    logits = []
+    while not seq.is_finished:
+        result = engine.step()
+        for (s, _), row in zip(result.new_tokens, result.logits if result.logits is not None else []):
+            if s is seq:
+                logits.append(row)
+    engine.release(seq)
+    return seq.output_token_ids, torch.stack(logits)
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_logits_and_greedy_tokens_match_transformers(tiny_model_dir, variant):
+    folder = tiny_model_dir(variant)
+    llm = LLM(str(folder), dtype="float32", kv_budget_tokens=1024)
+    tokens, logits = _our_greedy_with_logits(llm, PROMPT, steps=21)
+    reference = load_reference(folder)
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=21, do_sample=False,
+                                      min_new_tokens=21, pad_token_id=0)[0, len(PROMPT):].tolist()
+        full = torch.tensor([PROMPT + tokens[:-1]])
+        ref_logits = reference(full).logits[0, len(PROMPT) - 1:]
+    assert tokens == expected
+    assert logits.shape == ref_logits.shape
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_greedy_equals_one_at_a_time(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("qwen3")), dtype="float32", kv_budget_tokens=2048)
+    prompts = [PROMPT[: 5 + 3 * i] for i in range(5)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    batched = [out.token_ids for out in llm.generate(prompts, params)]
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    assert batched == alone
+
+
+def test_bfloat16_runs_and_stays_close_to_float32(tiny_model_dir):
+    folder = str(tiny_model_dir("llama"))
+    f32 = LLM(folder, dtype="float32", kv_budget_tokens=512)
+    bf16 = LLM(folder, dtype="bfloat16", kv_budget_tokens=512)
+    _, a = _our_greedy_with_logits(f32, PROMPT, steps=1)
+    _, b = _our_greedy_with_logits(bf16, PROMPT, steps=1)
+    assert bf16.engine.runner.kv.layers[0][0].dtype == torch.bfloat16
+    assert torch.allclose(a, b.float(), atol=0.1)
