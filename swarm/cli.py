@@ -21,6 +21,8 @@ def _register() -> None:
 
     app.command("models")(generate_cmd.models)
     app.command("generate")(generate_cmd.generate)
+    from swarm import inspect_cmd
+    app.command("inspect-prefix")(inspect_cmd.inspect_prefix_cmd)
 
 
 _register()
