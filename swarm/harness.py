@@ -60,7 +60,8 @@ def load_harness(path: Path) -> Harness:
         raise SpecError(f"{path}: a harness must be a mapping with name, rules and tools")
     unknown = set(raw) - {"name", "description", "rules", "tools"}
     if unknown:
-        raise SpecError(f"{path}: unknown harness keys {sorted(unknown)}; allowed: name, description, rules, tools")
+        raise SpecError(f"{path}: unknown harness keys {sorted(unknown)}; "
+                        "allowed: name, description, rules, tools")
     rules = raw.get("rules", [])
     if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
         raise SpecError(f"{path}: rules must be a list of strings")

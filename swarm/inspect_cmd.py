@@ -97,10 +97,10 @@ def _print_report(report: PrefixReport, console: Console) -> None:
     console.print(_agents_table(report))
     _print_findings(report, console)
     console.print(_memory_table(report))
-    shape = report.kv_shape
-    console.print(f"* this swarm's trunk. bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads × {shape.head_dim} "
-                  f"head dim × {shape.dtype_bytes} bytes ({report.memory.dtype}) = "
-                  f"{report.memory.bytes_per_token:,} B, from {report.model_config}")
+    shape, memory = report.kv_shape, report.memory
+    console.print(f"* this swarm's trunk. bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads"
+                  f" × {shape.head_dim} head dim × {shape.dtype_bytes} bytes ({memory.dtype})"
+                  f" = {memory.bytes_per_token:,} B, from {report.model_config}")
 
 
 def _agents_table(report: PrefixReport) -> Table:

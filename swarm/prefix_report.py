@@ -104,10 +104,11 @@ def inspect_prefix(spec_path: str | Path, model_config: str | None = None, agent
 
 
 def _agent_cwd(spec: SwarmSpec, agent: AgentSpec) -> Path:
-    """Shared-readonly agents work in the workspace itself; copying agents in their own copy."""
+    """Shared-readonly agents work in the workspace itself; copying agents in their own copy
+    (a stand-in path: a run puts it under its own run folder)."""
     if spec.workspace.mode == "shared-readonly":
         return spec.workspace.path
-    return spec.out / agent.name / "workspace"
+    return spec.out / "workspaces" / agent.name
 
 
 def _branches(prompts: PromptSet, divergences: list[Divergence]) -> list[AgentBranch]:

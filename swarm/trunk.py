@@ -169,7 +169,8 @@ def _tokenized_trunk(tokenizer: Tokenizer, text: str, mode: str) -> Trunk:
     return Trunk(text, ids, offsets, mode)
 
 
-def tokenize_with_offsets(tokenizer: Tokenizer, text: str, first: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+def tokenize_with_offsets(tokenizer: Tokenizer, text: str,
+                          first: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids and character spans; a BOS token is added only at the very start, and only once."""
     encoding = tokenizer.backend.encode(text, add_special_tokens=False)
     ids, offsets = list(encoding.ids), [tuple(span) for span in encoding.offsets]

@@ -49,7 +49,7 @@ def test_everything_volatile_is_in_the_suffix_and_nothing_in_the_trunk():
     assert '"name": "run_command"' in prompts.trunk.text
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,12}", fullmatch=True),
                           st.text(min_size=1, max_size=60)), min_size=1, max_size=4))
 def test_any_names_and_tasks_keep_the_trunk_intact(agents):
