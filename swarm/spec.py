@@ -133,11 +133,17 @@ def _read_engine_keys(reader: SpecReader, root: dict[str, Node], spec: SwarmSpec
     if "dtype" in root:
         spec.dtype = reader.choice(root["dtype"], "dtype", DTYPES)
     if "kv_budget" in root:
-        raw = reader.typed(root["kv_budget"], "kv_budget", (int, str))
-        try:
-            spec.kv_budget = parse_kv_budget(raw)
-        except ValueError as err:
-            raise reader.fail(root["kv_budget"], "kv_budget", str(err)) from None
+        spec.kv_budget = _kv_budget(reader, root["kv_budget"])
+
+
+def _kv_budget(reader: SpecReader, node: Node) -> KvBudget | None:
+    raw = reader.typed(node, "kv_budget", (int, str))
+    if raw == "auto":
+        return None
+    try:
+        return parse_kv_budget(raw)
+    except ValueError as err:
+        raise reader.fail(node, "kv_budget", str(err)) from None
 
 
 def _task(reader: SpecReader, node: Node | None, key: str) -> str | None:

@@ -42,6 +42,11 @@ def test_counted_agents_get_names_and_the_default_task(tmp_path):
     assert spec.kv_budget is None and spec.dtype == "float16" and spec.workspace.path == tmp_path
 
 
+def test_auto_kv_budget_is_no_budget(tmp_path):
+    assert load(tmp_path, MINIMAL + "kv_budget: auto\n").kv_budget is None
+    assert load(tmp_path, MINIMAL + "kv_budget: 20000\n").kv_budget.tokens == 20000
+
+
 def test_lines_of_extra_rules_are_recorded(tmp_path):
     spec = load(tmp_path, MINIMAL + 'extra_rules:\n  - "one"\n  - |\n    two\n    lines\n')
     assert spec.lines["extra_rules[0]"] == (5, 5)

@@ -1,0 +1,45 @@
+import pytest
+
+from engine.errors import SpecError
+from swarm.harness import TEMPLATES_DIR, available_harnesses, load_harness, resolve_harness
+
+
+def test_shipped_harnesses_resolve_by_name():
+    assert {"coding-agent", "reviewer"} <= set(available_harnesses())
+    coding = load_harness(resolve_harness("coding-agent", TEMPLATES_DIR))
+    assert {t["function"]["name"] for t in coding.tools} == {"list_dir", "read_file", "search", "write_file",
+                                                             "run_command"}
+    reviewer = load_harness(resolve_harness("reviewer", TEMPLATES_DIR))
+    assert {t["function"]["name"] for t in reviewer.tools} == {"list_dir", "read_file", "search"}
+
+
+def test_rule_and_tool_lines_point_into_the_file():
+    harness = load_harness(resolve_harness("coding-agent", TEMPLATES_DIR))
+    lines = harness.path.read_text().splitlines()
+    for rule, line in zip(harness.rules, harness.rule_lines):
+        assert rule[:30].replace('"', '\\"')[:20] in lines[line - 1]
+    for name, line in harness.tool_lines.items():
+        assert f'"{name}"' in lines[line - 1]
+
+
+def test_unknown_names_get_a_suggestion_and_paths_resolve(tmp_path):
+    with pytest.raises(ValueError, match="did you mean 'reviewer'"):
+        resolve_harness("reviewr", tmp_path)
+    (tmp_path / "mine.yaml").write_text("name: mine\nrules: [Be brief.]\ntools: []\n")
+    assert load_harness(resolve_harness("./mine.yaml", tmp_path)).rules == ["Be brief."]
+    with pytest.raises(ValueError, match="no harness file"):
+        resolve_harness("./other.json", tmp_path)
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"rules": "one"}', "rules must be a list of strings"),
+    ('{"rules": [], "tool": []}', "unknown harness keys"),
+    ('{"rules": [], "tools": [{"name": "a b"}]}', "tools: tool name"),
+    ('{"rules": [}', "not valid JSON"),
+])
+def test_malformed_harness_files_name_the_file(tmp_path, text, words):
+    path = tmp_path / "h.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=words) as caught:
+        load_harness(path)
+    assert str(caught.value).startswith(str(path))
