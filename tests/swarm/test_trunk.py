@@ -10,7 +10,7 @@ from swarm.spec import AgentSpec, load_spec
 from swarm.trunk import build_prompts, token_ids_sha256
 from tests.swarm.chat_templates import LLAMA31_TOOLS_IN_USER, QWEN_TOOLS
 from tests.swarm.spec_files import (EXAMPLE_SPEC, FIXED_ENV, MINIMAL, REPO, default_tokenizer, load,
-                                    prompts_for, with_template, write_spec)
+                                    prompts_for, with_template)
 
 CODING_AGENT = REPO / "harness_templates" / "coding-agent.json"
 
