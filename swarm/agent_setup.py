@@ -1,0 +1,91 @@
+"""From a spec and a loaded engine to agents ready to start: workspaces, prompts, tool boxes.
+
+    <run>/workspaces/<agent>/   each agent's copy of the project (mode "copy")
+    prompts                     the canonical trunk + each agent's suffix (swarm/trunk.py)
+    ToolBox                     the harness's tools that swarm implements, confined to the workspace
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from engine.errors import SpecError
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+from swarm.agent import Agent, AgentEvent, AgentLimits
+from swarm.agent_context import Environment, first_user_message
+from swarm.harness import load_harness
+from swarm.spec import AgentSpec, SwarmSpec
+from swarm.tool_response import ToolResponseFormat
+from swarm.tools import TOOLS, ToolBox
+from swarm.trunk import PromptSet, build_prompts, trunk_source
+from swarm.workspace import Workspace, prepare_workspace
+
+TURN_STOP = ["</tool_call>"]
+"""A turn ends right after its tool call: the harness asks for one call per turn."""
+
+
+@dataclass(slots=True)
+class SwarmSetup:
+    prompts: PromptSet
+    agents: list[Agent]
+    workspaces: dict[str, Workspace]
+    environments: dict[str, Environment]
+
+
+def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_dir: Path,
+                  emit: Callable[[AgentEvent], None]) -> SwarmSetup:
+    source = trunk_source(load_harness(spec.harness), spec)
+    tool_names = [segment.tool["function"]["name"] for segment in source.tools]
+    workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
+    _check_commands(spec, tool_names)
+    now = datetime.now(timezone.utc)
+    environments = {name: Environment.detect(ws.root, now) for name, ws in workspaces.items()}
+    prompts = build_prompts(tokenizer, source, spec.agents, environments)
+    responses = ToolResponseFormat(tokenizer)
+    limits = AgentLimits(spec.limits.max_turns, spec.limits.max_tokens, max_context)
+    agents = []
+    for index, (agent_spec, prompt) in enumerate(zip(spec.agents, prompts.agents)):
+        toolbox = _toolbox(spec, workspaces[agent_spec.name], tool_names)
+        agents.append(Agent(agent_spec.name, prompt.prompt_ids, toolbox, responses,
+                            _params(spec, index), limits, emit))
+    return SwarmSetup(prompts, agents, workspaces, environments)
+
+
+def first_messages(setup: SwarmSetup, spec: SwarmSpec) -> dict[str, list[dict]]:
+    """Each agent's system and first user message, as its transcript records them."""
+    messages = {}
+    for agent_spec, prompt in zip(spec.agents, setup.prompts.agents):
+        user = first_user_message(agent_spec, setup.environments[agent_spec.name])
+        messages[agent_spec.name] = [
+            {"role": "system", "rendered": prompt.system_text, "tokens": len(prompt.system_ids)},
+            {"role": "user", "content": user, "rendered": prompt.suffix_text, "tokens": len(prompt.suffix_ids)}]
+    return messages
+
+
+def _workspace(spec: SwarmSpec, agent: AgentSpec, run_dir: Path) -> Workspace:
+    workspace = spec.workspace
+    dest = run_dir / "workspaces" / agent.name if workspace.mode == "copy" else None
+    return prepare_workspace(workspace.path, dest, workspace.mode)
+
+
+def _check_commands(spec: SwarmSpec, tool_names: list[str]) -> None:
+    if spec.workspace.mode == "shared-readonly" and "run_command" in tool_names:
+        raise SpecError(f"{spec.path}: run_command: a shared-readonly workspace cannot run commands "
+                        "(they could change it); set run_command.enabled: false or workspace.mode: copy")
+
+
+def _toolbox(spec: SwarmSpec, workspace: Workspace, tool_names: list[str]) -> ToolBox:
+    names = [name for name in tool_names if name in TOOLS]
+    return ToolBox(workspace, names, allow_commands="run_command" in names,
+                   max_command_timeout=spec.run_command.timeout)
+
+
+def _params(spec: SwarmSpec, index: int) -> SamplingParams:
+    """Per-turn sampling; each agent draws from its own seed, so equal tasks still diverge."""
+    sampling = spec.sampling
+    seed = None if sampling.seed is None else sampling.seed + index
+    return SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                          top_p=max(sampling.top_p, 1e-6), top_k=sampling.top_k, seed=seed, stop=list(TURN_STOP))

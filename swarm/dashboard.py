@@ -1,0 +1,137 @@
+"""The live dashboard (rich), the default view when the output is a terminal.
+
+    swarm run example-20250601-140312 · smollm2-135m-instruct · cpu · bfloat16 · weights 269.1 MB
+    KV pool (host memory)  31.4 MB used of 200.0 MB
+    trunk                  1,290 tokens · 29.7 MB · shared by 4 agents · saved 89.2 MB · prefix hits 93%
+    throughput             24.1 tok/s · 41 s
+    agent      state     turn  context  shared   private  tok/s  last tool   memory
+    fixer      decoding  2     1,702    29.5 MB  9.5 MB   6.1    read_file   ██████████████████░░░░
+
+The loop calls `refresh()` at most 4 times a second; it only swaps in new figures. Drawing is
+done by rich's own refresh thread, which mostly overlaps the model's matrix work (torch
+releases the GIL), so the decode loop pays next to nothing for it.
+"""
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from swarm.agent import Agent, AgentEvent, AgentState
+from swarm.kv_budget import format_bytes
+from swarm.summary import RunInfo
+from swarm.swarm_memory import SwarmMemory
+
+REFRESH_PER_SECOND = 4
+BAR_WIDTH = 24
+STATE_STYLES = {AgentState.QUEUED: "dim", AgentState.PREFILL: "cyan", AgentState.DECODING: "green",
+                AgentState.TOOL: "yellow", AgentState.DONE: "bold blue", AgentState.ERROR: "bold red",
+                AgentState.INTERRUPTED: "magenta"}
+
+
+class Dashboard:
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console()
+        self.live: Live | None = None
+        self.info: RunInfo | None = None
+        self.agents: list[Agent] = []
+        self.memory: SwarmMemory | None = None
+        self.tok_per_s = 0.0
+        self.started = time.monotonic()
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes = (self.notes + [text])[-2:]
+        if self.live is None:
+            self.console.print(f"swarm: {text}", highlight=False)
+
+    def start(self, info: RunInfo, agents: list[Agent], memory: SwarmMemory) -> None:
+        self.info, self.agents, self.memory = info, agents, memory
+        self.live = Live(console=self.console, get_renderable=self.render, auto_refresh=True,
+                         refresh_per_second=REFRESH_PER_SECOND, redirect_stdout=False, redirect_stderr=False)
+        self.live.start()
+
+    def event(self, event: AgentEvent) -> None:
+        pass  # the figures the next refresh shows already include it
+
+    def refresh(self, tok_per_s: float) -> None:
+        self.tok_per_s = tok_per_s
+
+    def close(self, summary: dict) -> None:
+        if self.live is not None:
+            self.live.refresh()
+            self.live.stop()
+            self.live = None
+        memory = summary["memory"]
+        self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, trunk of "
+                           f"{memory['trunk_tokens']} tokens shared, {format_bytes(memory['bytes_saved'])} of KV "
+                           f"saved at the peak. Transcripts and summary.json in {summary['run_dir']}",
+                           highlight=False)
+
+    def render(self) -> Group:
+        """Called from rich's refresh thread: it reads the figures, never changes them."""
+        if self.info is None or self.memory is None:
+            return Group(*[Text(note) for note in self.notes])
+        try:
+            return Group(header(self.info, self.memory, len(self.agents), self.tok_per_s,
+                                time.monotonic() - self.started, self.notes[-1:]),
+                         agent_table(self.agents, self.memory))
+        except Exception as err:  # a figure changed under us: draw it next time
+            return Group(Text(f"(dashboard: {type(err).__name__}: {err})", style="dim"))
+
+
+def header(info: RunInfo, memory: SwarmMemory, agents: int, tok_per_s: float, elapsed: float,
+           notes: list[str]) -> Table:
+    latest = memory.latest
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("swarm run", f"{info.name} · {info.model} · {info.device} · {info.dtype} · "
+                              f"weights {format_bytes(info.weight_bytes)}")
+    grid.add_row(pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of "
+                                          f"{format_bytes(latest.total_bytes)}")
+    grid.add_row("trunk", f"{memory.trunk_tokens:,} tokens · {format_bytes(memory.trunk_bytes)} · shared by "
+                          f"{latest.agents_sharing} of {agents} agents · saved {format_bytes(latest.bytes_saved)} "
+                          f"against no sharing (peak {format_bytes(memory.peak.bytes_saved)}) · "
+                          f"prefix hit rate {latest.prefix_hit_rate:.0%}")
+    grid.add_row("throughput", f"{tok_per_s:.1f} tok/s · {elapsed:.0f} s")
+    for note in notes:
+        grid.add_row("", Text(note, style="dim"))
+    return grid
+
+
+def pool_label(device: str) -> str:
+    return "KV pool (GPU memory)" if device.startswith("cuda") else "KV pool (host memory)"
+
+
+def agent_table(agents: list[Agent], memory: SwarmMemory) -> Table:
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for column, justify in (("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"),
+                            ("shared", "right"), ("private", "right"), ("tok/s", "right"),
+                            ("last tool", "left"), ("shared | private", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    now = time.monotonic()
+    scale = max([m.shared_bytes + m.private_bytes for m in memory.agents.values()] + [1])
+    for agent in agents:
+        kv = memory.agents[agent.name]
+        state = agent.display_state
+        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(agent.turn),
+                      f"{agent.context_tokens:,}", format_bytes(kv.shared_bytes), format_bytes(kv.private_bytes),
+                      f"{agent.throughput.rate(now):.1f}", agent.last_tool or "-",
+                      memory_bar(kv.shared_bytes, kv.private_bytes, scale))
+    return table
+
+
+def memory_bar(shared: int, private: int, scale: int, width: int = BAR_WIDTH) -> Text:
+    shared_cells = round(width * shared / scale)
+    private_cells = min(round(width * private / scale), width - shared_cells)
+    if private and not private_cells and shared_cells < width:
+        private_cells = 1
+    bar = Text()
+    bar.append("█" * shared_cells, style="blue")
+    bar.append("█" * private_cells, style="yellow")
+    bar.append("·" * (width - shared_cells - private_cells), style="dim")
+    return bar

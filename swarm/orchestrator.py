@@ -1,0 +1,255 @@
+"""One swarm run: load the model once, prefill and pin the trunk once, then drive every agent
+through the engine's one batched decode loop until each is done.
+
+    load engine -> set up agents -> prefill trunk, pin it -> submit all agents
+    loop: collect finished tool work -> engine.step() -> dispatch tokens and turn ends -> view
+
+Tools run in daemon threads (one per turn that calls tools); the loop never waits on them
+while any agent can decode. Only this thread touches the engine.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from engine.errors import SwarmError
+from engine.llm_engine import EngineOptions, LLMEngine, StepResult
+from engine.sampling import SamplingParams
+from swarm.agent import Agent, AgentEvent, ToolJob
+from swarm.agent_setup import SwarmSetup, first_messages, set_up_agents
+from swarm.run_view import RunView
+from swarm.spec import SwarmSpec
+from swarm.stop_flag import StopFlag
+from swarm.summary import RunInfo, RunTimings, build_summary, write_summary
+from swarm.swarm_memory import TRUNK_REQUEST_ID, SwarmMemory
+from swarm.throughput import Throughput
+from swarm.tools import ToolResult
+from swarm.transcript import TranscriptWriter
+
+REFRESH_SECONDS = 0.25
+TOOL_POLL_SECONDS = 0.05
+
+
+class Interrupted(Exception):
+    pass
+
+
+class SwarmRun:
+    def __init__(self, spec: SwarmSpec, run_dir: Path, view: RunView, stop: StopFlag | None = None,
+                 engine: LLMEngine | None = None):
+        self.spec = spec
+        self.view = view
+        self.stop = stop or StopFlag()
+        self.engine = engine
+        self.clock = time.monotonic
+        self.start_time = self.clock()
+        self.info = RunInfo(name=run_dir.name, run_dir=run_dir, spec_path=str(spec.path),
+                            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        self.timings = RunTimings()
+        self.memory = SwarmMemory([agent.name for agent in spec.agents])
+        self.transcripts = TranscriptWriter(run_dir, self.start_time)
+        self.throughput = Throughput()
+        self.setup: SwarmSetup | None = None
+        self.agents: list[Agent] = []
+        self.by_seq: dict[int, Agent] = {}
+        self.finished_tools: queue.Queue[tuple[Agent, ToolJob]] = queue.Queue()
+        self.last_refresh = 0.0
+        self.summary: dict = {}
+
+    def run(self) -> dict:
+        """Runs to the end or to Ctrl-C; the summary is written either way and returned."""
+        status, error = "failed", ""
+        self._write_summary("running")
+        try:
+            self._load()
+            self._set_up()
+            self._prefill_trunk()
+            self._run_agents()
+            status = "completed"
+        except (Interrupted, KeyboardInterrupt):
+            status = "interrupted"
+        except SwarmError as err:
+            error = str(err)
+            raise
+        except BaseException as err:
+            error = f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            with self.stop.shielded():
+                self._finish(status, error)
+        return self.summary
+
+    # --- phases -----------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        self.view.note(f"loading {self.spec.model}")
+        started = self.clock()
+        if self.engine is None:
+            self.engine = LLMEngine(self.spec.model, self._engine_options())
+        engine = self.engine
+        self.info.model = engine.source.display_name
+        self.info.device, self.info.dtype = str(engine.device), str(engine.dtype).removeprefix("torch.")
+        self.info.weight_bytes = engine.weight_bytes
+        self.timings.load_seconds = self.clock() - started
+        self._check_stop()
+
+    def _set_up(self) -> None:
+        max_context = self.engine.config.max_position_embeddings
+        self.setup = set_up_agents(self.spec, self.engine.tokenizer, max_context, self.info.run_dir, self._on_event)
+        self.agents = self.setup.agents
+        self.info.trunk_sha256 = self.setup.prompts.trunk.sha256
+        self.view.start(self.info, self.agents, self.memory)
+
+    def _prefill_trunk(self) -> None:
+        trunk_ids = self.setup.prompts.trunk.token_ids
+        max_context = self.engine.config.max_position_embeddings
+        if len(trunk_ids) >= max_context:
+            raise SwarmError(f"the trunk has {len(trunk_ids)} tokens, the model's context is {max_context}; "
+                             "use fewer rules or tools, or a model with a longer context")
+        started = self.clock()
+        if trunk_ids:
+            seq = self.engine.add_request(trunk_ids, SamplingParams(max_tokens=1), request_id=TRUNK_REQUEST_ID,
+                                          prefill_only=True)
+            while seq.finish_reason is None:
+                self._check_stop()
+                self._step()
+                self._refresh()
+            if seq.finish_reason == "error":
+                raise SwarmError(f"the trunk does not fit in the KV pool: {seq.error}")
+            self.engine.pin(seq)
+            self.memory.set_trunk(len(trunk_ids), len(seq.block_table))
+        self.timings.trunk_seconds = self.clock() - started
+        self._sample_memory()
+        self.view.note(f"trunk prefilled: {len(trunk_ids)} tokens in {self.timings.trunk_seconds:.1f} s, "
+                       f"shared by {len(self.agents)} agents")
+
+    def _run_agents(self) -> None:
+        started = self.clock()
+        messages = first_messages(self.setup, self.spec)
+        for agent in self.agents:
+            agent.start(self.engine, messages[agent.name])
+            if agent.seq is not None:
+                self.by_seq[agent.seq.seq_id] = agent
+        deadline = started + self.spec.limits.wall_time
+        while not all(agent.ended for agent in self.agents):
+            self._check_stop()
+            self._resume_agents()
+            if self.clock() > deadline:
+                self._stop_agents("wall_time")
+                break
+            if self.engine.has_work():
+                self._dispatch(self._step())
+            else:
+                self._wait_for_tools()
+            self._refresh()
+        self.timings.agents_seconds = self.clock() - started
+
+    def _finish(self, status: str, error: str) -> None:
+        if self.engine is not None and self.setup is not None:
+            self._sample_memory()
+            self._stop_agents("interrupted" if status == "interrupted" else "error")
+        self.timings.wall_seconds = self.clock() - self.start_time
+        self.summary = self._write_summary(status, error)
+        self.transcripts.close()
+        self.view.close(self.summary)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def _step(self) -> StepResult:
+        started = time.perf_counter()
+        result = self.engine.step()
+        seconds = time.perf_counter() - started
+        self.timings.steps += 1
+        self.timings.step_seconds += seconds
+        if result.new_tokens and not result.prefilled:
+            self.timings.decode_steps += 1
+            self.timings.decode_seconds += seconds
+            self.timings.decode_tokens += len(result.new_tokens)
+        return result
+
+    def _dispatch(self, result: StepResult) -> None:
+        now = self.clock()
+        for seq in result.prefilled:
+            self._agent(seq.seq_id).on_prefilled()
+        for seq, _ in result.new_tokens:
+            self._agent(seq.seq_id).on_token(now)
+        self.throughput.add(now, len(result.new_tokens))
+        if result.finished or result.prefilled:
+            self._sample_memory()  # before turn ends release anything: the peaks are here
+        for seq in result.finished:
+            agent = self._agent(seq.seq_id)
+            job = agent.on_turn_end(self.engine)
+            if job is not None:
+                self._run_tools(agent, job)
+
+    def _run_tools(self, agent: Agent, job: ToolJob) -> None:
+        def work() -> None:
+            try:
+                job.run(agent.toolbox)
+            except BaseException as err:  # never leave an agent waiting forever
+                job.results = [ToolResult(call.name, False, f"error: the tool failed: {err}") for call in job.calls]
+            self.finished_tools.put((agent, job))
+
+        threading.Thread(target=work, name=f"tools-{agent.name}", daemon=True).start()
+
+    def _resume_agents(self) -> None:
+        while True:
+            try:
+                agent, job = self.finished_tools.get_nowait()
+            except queue.Empty:
+                return
+            agent.resume(self.engine, job)
+
+    def _wait_for_tools(self) -> None:
+        try:
+            agent, job = self.finished_tools.get(timeout=TOOL_POLL_SECONDS)
+        except queue.Empty:
+            return
+        agent.resume(self.engine, job)
+
+    def _stop_agents(self, reason: str) -> None:
+        for agent in self.agents:
+            if not agent.ended:
+                try:
+                    agent.stop(self.engine, reason)
+                except Exception as err:  # a half-finished step must not cost the summary
+                    agent.error = f"stopping failed: {err}"
+
+    def _refresh(self) -> None:
+        now = self.clock()
+        if now - self.last_refresh < REFRESH_SECONDS:
+            return
+        self.last_refresh = now
+        self._sample_memory()
+        self.view.refresh(self.throughput.rate(now))
+
+    # --- small parts ------------------------------------------------------------------------
+
+    def _agent(self, seq_id: int) -> Agent:
+        return self.by_seq[seq_id]
+
+    def _on_event(self, event: AgentEvent) -> None:
+        self.transcripts.write(event)
+        self.view.event(event)
+
+    def _sample_memory(self) -> None:
+        self.memory.observe(self.engine.kv_stats())
+
+    def _check_stop(self) -> None:
+        if self.stop.requested:
+            raise Interrupted()
+
+    def _engine_options(self) -> EngineOptions:
+        budget = self.spec.kv_budget
+        return EngineOptions(device=self.spec.device, dtype=self.spec.dtype,
+                             kv_budget_tokens=budget.tokens if budget else None,
+                             kv_budget_bytes=budget.bytes if budget else None)
+
+    def _write_summary(self, status: str, error: str = "") -> dict:
+        workspaces = {name: str(ws.root) for name, ws in (self.setup.workspaces if self.setup else {}).items()}
+        summary = build_summary(self.info, status, self.agents, self.memory, self.timings, workspaces, error)
+        write_summary(self.info.run_dir, summary)
+        return summary

@@ -1,0 +1,66 @@
+"""`swarm run SPEC`: run the agents a swarm.yaml describes, with a live view of their memory."""
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from swarm.dashboard import Dashboard
+from swarm.orchestrator import SwarmRun
+from swarm.run_view import PlainView, RunView
+from swarm.spec import load_spec
+from swarm.stop_flag import StopFlag
+
+EXIT_INTERRUPTED = 130
+
+
+def run(
+    spec: Path = typer.Argument(..., help="The swarm spec (swarm.yaml); start from swarm.yaml.example.",
+                                show_default=False),
+    no_tui: bool = typer.Option(False, "--no-tui",
+                                help="Print one plain line per event instead of the live dashboard "
+                                     "(the default when the output is not a terminal)."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print summary.json to stdout at the end; progress goes to stderr."),
+    out: Path = typer.Option(None, "--out", help="Folder for the run's output, instead of the spec's `out` "
+                                                 "(default: runs/ next to the spec).", show_default=False),
+) -> None:
+    """Run a swarm: load the model once, prefill the shared prompt trunk once, and run every agent in one batched decode loop until each gives a final answer or hits a limit.
+
+    Each run writes OUT/<spec>-<time>/: agent-<name>.jsonl (every message, tool call, tool result and token count, as it happens), workspaces/<name>/ (each agent's copy of the project) and summary.json (status, end reasons, turns, tokens, timings and KV memory figures).
+
+    Ctrl-C stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130. A second Ctrl-C stops at once.
+    """
+    swarm_spec = load_spec(spec)
+    run_dir = new_run_dir(out if out is not None else swarm_spec.out, spec)
+    stream = sys.stderr if as_json else sys.stdout
+    view = make_view(stream, tui=not no_tui and stream.isatty())
+    stop = StopFlag()
+    with stop.installed():
+        summary = SwarmRun(swarm_spec, run_dir, view, stop).run()
+    if as_json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
+    if summary["status"] == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def make_view(stream, tui: bool) -> RunView:
+    return Dashboard(Console(file=stream)) if tui else PlainView(stream)
+
+
+def new_run_dir(base: Path, spec_path: Path) -> Path:
+    """A fresh folder `<base>/<spec stem>-<YYYYmmdd-HHMMSS>`, with -2, -3... when taken."""
+    stem = f"{Path(spec_path).stem.removesuffix('.yaml')}-{datetime.now():%Y%m%d-%H%M%S}"
+    base.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = base / (stem if attempt == 1 else f"{stem}-{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError(f"no free run folder name under {base}")

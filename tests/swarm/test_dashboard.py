@@ -1,0 +1,75 @@
+import re
+import sys
+
+import pexpect
+import pytest
+from rich.console import Console
+
+from swarm.agent import Agent, AgentLimits, AgentState
+from swarm.dashboard import Dashboard, memory_bar, pool_label
+from swarm.summary import RunInfo
+from swarm.swarm_memory import MemorySnapshot, SwarmMemory
+from tests.swarm.run_helpers import REPO, tiny_model, write_run_spec
+from tests.swarm.test_run_cmd import ENV
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_swarm_run_in_a_terminal_shows_the_live_table_with_a_row_per_agent(tmp_path, tmp_path_factory):
+    spec = write_run_spec(tmp_path, tiny_model(tmp_path_factory.getbasetemp()),
+                          agents=[{"name": "alpha"}, {"name": "beta"}], max_tokens=24)
+    child = pexpect.spawn(sys.executable, ["-m", "swarm", "run", str(spec)], cwd=str(REPO), env=ENV,
+                          dimensions=(40, 180), encoding="utf-8", timeout=120)
+    child.expect(pexpect.EOF)
+    child.close()
+    screen = ANSI.sub("", child.before)
+    assert child.exitstatus == 0, screen[-2000:]
+    assert "KV pool (host memory)" in screen
+    header = next(line for line in screen.splitlines() if "last tool" in line)
+    assert header.split()[:3] == ["agent", "state", "turn"]
+    rows = [line.split() for line in screen.splitlines() if line.strip().startswith(("alpha ", "beta "))]
+    assert {row[0] for row in rows} == {"alpha", "beta"}
+    assert {"alpha", "beta"} <= {row[0] for row in rows if row[1] == "done"}  # the last frame
+    assert "completed" in screen
+
+
+@pytest.fixture
+def dashboard_parts():
+    memory = SwarmMemory(["a1", "a2"])
+    memory.set_trunk(100, 7)
+    memory.block_bytes = 1000
+    memory.latest = MemorySnapshot(used_bytes=12_000, total_bytes=100_000, shared_bytes=6000, bytes_saved=6000,
+                                   agents_sharing=2, prefix_hit_rate=0.75)
+    memory.agents["a1"].shared_bytes, memory.agents["a1"].private_bytes = 6000, 2000
+    agents = [Agent(name, [1, 2, 3], None, None, None, AgentLimits(5, 100, 1000), lambda e: None)
+              for name in ("a1", "a2")]
+    agents[0].state, agents[0].turn, agents[0].last_tool = AgentState.TOOL, 2, "read_file"
+    return RunInfo("run-1", REPO, "swarm.yaml", "tiny", "cpu", "float32", 1_000_000), agents, memory
+
+
+def test_frame_has_the_header_figures_and_a_row_per_agent(dashboard_parts):
+    info, agents, memory = dashboard_parts
+    dashboard = Dashboard(Console(record=True, width=200))
+    dashboard.info, dashboard.agents, dashboard.memory = info, agents, memory
+    console = Console(record=True, width=200)
+    console.print(dashboard.render())
+    text = console.export_text()
+    assert "KV pool (host memory)" in text and "12.00 KB used of 100.00 KB" in text
+    assert "100 tokens · 7.00 KB · shared by 2 of 2 agents · saved 6.00 KB" in text
+    assert "prefix hit rate 75%" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("a1 "))
+    assert row.split()[:4] == ["a1", "tool", "2", "3"] and "read_file" in row
+    assert next(line for line in text.splitlines() if line.strip().startswith("a2 ")).split()[1] == "queued"
+
+
+def test_memory_bar_splits_shared_and_private_to_scale():
+    bar = memory_bar(shared=3000, private=1000, scale=4000, width=8)
+    assert bar.plain == "█" * 8
+    assert [(span.start, span.end, span.style) for span in bar.spans] == [(0, 6, "blue"), (6, 8, "yellow")]
+    assert memory_bar(0, 0, 1, width=4).plain == "····"
+    assert memory_bar(0, 1, 10_000, width=4).plain.count("█") == 1  # a little private memory still shows
+
+
+def test_pool_label_says_where_the_kv_pool_lives():
+    assert pool_label("cpu") == "KV pool (host memory)"
+    assert pool_label("cuda:0") == "KV pool (GPU memory)"
