@@ -30,6 +30,7 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    cascade_attention: bool = True
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class LLMEngine:
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens)
-        self.runner = ModelRunner(net, kv, self.device)
+        self.runner = ModelRunner(net, kv, self.device, options.cascade_attention)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import paged_attention
+from kernels import cascade_attention, paged_attention
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class AttentionBatch:
     block_tables: torch.Tensor            # [seqs, max_blocks], padded
     query_lens: list[int]                 # new tokens per sequence (prefill)
     context_lens_list: list[int]
+    decode_plan: DecodePlan | None = None  # shared-prefix split of a decode step
 
 
 class RMSNorm(nn.Module):
@@ -112,9 +114,27 @@ class Attention(nn.Module):
             out = paged_attention.prefill_attention(q, k_cache, v_cache, tables, batch.context_lens_list,
                                                     batch.query_lens, self.scale)
         else:
-            out = paged_attention.decode_attention(q, k_cache, v_cache, batch.block_tables,
-                                                   batch.context_lens, self.scale)
+            out = _decode(q, k_cache, v_cache, batch.decode_plan, self.scale)
         return self.o_proj(out.reshape(tokens, -1))
+
+
+def _decode(q, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
+    out, lse = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables,
+                                                       plan.private_lens, scale)
+    for prefix in plan.prefixes:
+        k, v = _prefix_kv(k_cache, prefix), _prefix_kv(v_cache, prefix)
+        shared_out, shared_lse = cascade_attention.prefix_attention(q[prefix.rows], k, v, scale)
+        merged, _ = cascade_attention.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
+        out[prefix.rows] = merged
+    return out.to(q.dtype)
+
+
+def _prefix_kv(cache: torch.Tensor, prefix) -> torch.Tensor:
+    if prefix.blocks is None:
+        blocks = cache[prefix.first_block:prefix.first_block + prefix.num_blocks]
+    else:
+        blocks = cache.index_select(0, prefix.blocks)
+    return blocks.reshape(-1, *cache.shape[2:])
 
 
 class MLP(nn.Module):

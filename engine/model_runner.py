@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
+from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode
 from engine.errors import ModelLoadError
 from engine.kv_cache import KVCache
 from engine.model import AttentionBatch, CausalLM, RotaryEmbedding
@@ -36,10 +37,11 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: t
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device):
+    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True):
         self.model = model
         self.kv = kv
         self.device = device
+        self.min_prefix_tokens = MIN_PREFIX_TOKENS if cascade else float("inf")
         self.tokens_computed = 0
         self.prompt_tokens_computed = 0
 
@@ -76,4 +78,7 @@ class ModelRunner:
             query_lens=list(batch.num_new),
             context_lens_list=context_lens,
         )
+        if not batch.is_prefill:
+            attention.decode_plan = plan_decode([seq.block_table for seq in batch.seqs], context_lens,
+                                                block_size, self.device, self.min_prefix_tokens)
         return as_tensor(tokens), as_tensor(positions), attention

@@ -25,16 +25,18 @@ def unique_blocks_in_use(llm: LLM) -> int:
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, variant):
     folder = str(tiny_model_dir(variant))
-    _, prompts = swarm_prompts(trunk_len=45, suffix_len=7)
+    _, prompts = swarm_prompts(trunk_len=77, suffix_len=7)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     shared = LLM(folder, kv_budget_tokens=4096)
+    plain = LLM(folder, kv_budget_tokens=4096, cascade_attention=False)
     unshared = LLM(folder, kv_budget_tokens=4096, enable_prefix_caching=False)
     together = shared.generate(prompts, params)
     without = unshared.generate(prompts, params)
     alone = [unshared.generate([p], params)[0] for p in prompts]
     assert [o.token_ids for o in together] == [o.token_ids for o in without]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
-    assert all(o.num_cached_tokens == 45 for o in together[1:])
+    assert [o.token_ids for o in together] == [o.token_ids for o in plain.generate(prompts, params)]
+    assert all(o.num_cached_tokens == 77 for o in together[1:])
     assert all(o.num_cached_tokens == 0 for o in without)
 
 
