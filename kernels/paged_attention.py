@@ -59,14 +59,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    qlen, heads, _ = q.shape
-    ctx = k.shape[0]
+    qlen, ctx = q.shape[0], k.shape[0]
     qh = q.transpose(0, 1)
-    kh = _expand_kv(k.transpose(0, 1), heads)
-    vh = _expand_kv(v.transpose(0, 1), heads)
-    rows = torch.arange(ctx - qlen, ctx, device=q.device)[:, None]
-    mask = torch.arange(ctx, device=q.device)[None, :] <= rows
-    out = F.scaled_dot_product_attention(qh, kh.to(qh.dtype), vh.to(qh.dtype), attn_mask=mask, scale=scale)
+    kh = k.transpose(0, 1).to(qh.dtype)
+    vh = v.transpose(0, 1).to(qh.dtype)
+    if ctx == qlen:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        rows = torch.arange(ctx - qlen, ctx, device=q.device)[:, None]
+        mask = torch.arange(ctx, device=q.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 
