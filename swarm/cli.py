@@ -23,6 +23,8 @@ def _register() -> None:
     app.command("generate")(generate_cmd.generate)
     from swarm import inspect_cmd
     app.command("inspect-prefix")(inspect_cmd.inspect_prefix_cmd)
+    from swarm import bench_cmd
+    app.command("bench")(bench_cmd.bench)
     from swarm import run_cmd
     app.command("run")(run_cmd.run)
 

@@ -1,0 +1,135 @@
+"""`swarm bench`: the rich progress bar and results table around swarm/bench.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engine.named_models import DEFAULT_MODEL
+from swarm.bench import BenchError, run_bench
+from swarm.bench_report import BenchReport, ConfigResult
+from swarm.bench_workload import PEERS, SYSTEMS, BenchOptions
+from swarm.kv_budget import format_bytes
+
+SHORT_NAMES = {"swarm": "swarm", "swarm_no_sharing": "swarm, no sharing", "hf": "transformers",
+               "llamacpp": "llama.cpp"}
+
+
+def bench(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m",
+                              help="A named model (see `swarm models`), a Hugging Face folder or a .gguf file."),
+    agents: str = typer.Option("1,2,4,8", "--agents", metavar="N1,N2,...", help="Agent counts to run."),
+    trunk: str = typer.Option("512,2048,4096", "--trunk", metavar="T1,T2,...",
+                              help="Shared trunk lengths, in tokens."),
+    suffix: int = typer.Option(64, "--suffix", help="Tokens of each agent's own suffix after the trunk."),
+    new_tokens: int = typer.Option(64, "--new-tokens", help="Tokens each agent generates (greedy, EOS ignored)."),
+    peers: str = typer.Option(",".join(PEERS), "--peers", metavar="hf,llamacpp",
+                              help="Systems to compare against besides swarm with sharing off; '' for none."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda: for swarm and transformers."),
+    dtype: str = typer.Option("auto", help="swarm's dtype: auto, float32, bfloat16 or float16."),
+    hf_dtype: str = typer.Option("float32", "--hf-dtype", help="transformers' dtype (its default is float32)."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per system and configuration; the median is kept."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random token ids of the workload."),
+    out: Path = typer.Option(None, "--out", help="Write the results as JSON (swarm/BENCH_JSON.md) here."),
+    plot: Path = typer.Option(None, "--plot", help="Write a PNG chart here (needs matplotlib)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
+) -> None:
+    """Compare swarm with prefix sharing against swarm without it, Hugging Face transformers (batched generate) and llama.cpp (trunk decoded once, then copied to every sequence).
+
+    Workload: N agents share a trunk of T tokens; each then reads its own S-token suffix and generates G tokens, greedy. Each pair of --agents and --trunk values is one configuration; the systems take turns on each, in one process, so their ratios hold on a busy machine.
+
+    Per system: KV bytes held at peak, prompt tokens computed, time to the first token of the last agent, aggregate decode tokens/s, end-to-end wall time, and each over swarm-with-sharing's.
+
+    Example: swarm bench --agents 1,8 --trunk 2048 --out bench.json --plot bench.png
+    """
+    options = BenchOptions(model, _ints("--agents", agents), _ints("--trunk", trunk), suffix, new_tokens,
+                           tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
+                           repeats, seed)
+    if plot is not None:
+        from swarm.bench_chart import require_matplotlib
+        require_matplotlib()
+    report = _run_with_progress(options)
+    document = report.to_json()
+    if out is not None:
+        out.write_text(json.dumps(document, indent=2) + "\n")
+    if plot is not None:
+        from swarm.bench_chart import write_chart
+        write_chart(report, plot)
+    if as_json:
+        print(json.dumps(document, indent=2))
+        return
+    _print_report(report, Console(), out, plot)
+
+
+def _ints(name: str, raw: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise BenchError(f"{name}: {raw!r} is not a comma-separated list of whole numbers") from None
+    if not values or min(values) < 1:
+        raise BenchError(f"{name} needs one or more whole numbers above zero, like 1,2,4,8")
+    return values
+
+
+def _run_with_progress(options: BenchOptions) -> BenchReport:
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def update(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total or None)
+
+        return run_bench(options, update)
+
+
+def _print_report(report: BenchReport, console: Console, out: Path | None, plot: Path | None) -> None:
+    o = report.options
+    console.print(f"[bold]swarm bench[/]: {o.model} on {report.device} ({report.dtype}; transformers "
+                  f"{o.hf_dtype}), suffix {o.suffix}, {o.new_tokens} new tokens per agent, greedy")
+    console.print(_table(report))
+    for name, version in report.versions.items():
+        if version is None:
+            reason = next(c.systems[name].reason for c in report.configs)
+            console.print(f"[yellow]{SYSTEMS[name]}[/]: {reason}")
+    for label, path in (("json", out), ("chart", plot)):
+        if path is not None:
+            console.print(f"{label}: {path}")
+
+
+def _table(report: BenchReport) -> Table:
+    table = Table("N", "trunk", "system", "KV at peak", "prompt tokens", "TTFT last", "decode tok/s",
+                  "wall", "same", caption="×: over swarm with sharing. TTFT last: time to the last agent's "
+                  "first token. same: agents whose greedy tokens equal swarm's")
+    for config in report.configs:
+        for name, result in config.systems.items():
+            if result.status in ("not installed", "unavailable"):
+                continue
+            table.add_row(str(config.agents), f"{config.trunk:,}", SHORT_NAMES[name], *_cells(config, name),
+                          end_section=name == list(config.systems)[-1])
+    return table
+
+
+def _cells(config: ConfigResult, name: str) -> list[str]:
+    result = config.systems[name]
+    m = result.measurement
+    if m is None:
+        return [f"[red]{result.status}: {result.reason}[/]", "", "", "", "", ""]
+    r = result.ratios
+    decode = "-" if m.decode_tok_s is None else f"{m.decode_tok_s:,.1f}"
+    same = "-" if result.matches_swarm is None else f"{result.matches_swarm:.0%}"
+    return [_with_ratio(format_bytes(m.kv_bytes_peak), r.get("kv_bytes_peak"), name),
+            _with_ratio(f"{m.prompt_tokens_computed:,}", r.get("prompt_tokens_computed"), name),
+            _with_ratio(f"{m.ttft_last_s:.2f} s", r.get("ttft_last_s"), name),
+            _with_ratio(decode, r.get("decode_tok_s"), name),
+            _with_ratio(f"{m.wall_s:.2f} s", r.get("wall_s"), name), same]
+
+
+def _with_ratio(text: str, ratio: float | None, name: str) -> str:
+    if name == "swarm" or ratio is None:
+        return text
+    return f"{text}\n[dim]{ratio:.2f}×[/]"
