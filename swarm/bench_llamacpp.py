@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 
 import numpy as np
+import torch
 
 from engine.config import ModelConfig
 from engine.loader import ModelSource
@@ -35,8 +35,10 @@ class LlamaCppRunner:
             raise PeerUnavailable("not installed (pip install llama-cpp-python)")
         if source.kind != "gguf":
             raise PeerUnavailable("llama.cpp reads .gguf files; this model is a Hugging Face folder")
-        import llama_cpp
-
+        try:
+            import llama_cpp
+        except (ImportError, OSError, RuntimeError) as err:
+            raise PeerUnavailable(f"llama-cpp-python is installed but does not load: {err}") from None
         self.lc = llama_cpp
         self.version = llama_cpp.__version__
         self.bytes_per_cell = 2 * config.num_layers * config.num_kv_heads * config.head_dim * F16_BYTES
@@ -110,7 +112,7 @@ class LlamaCppRunner:
         params.n_ctx = max_kv_tokens
         params.n_batch = N_BATCH
         params.n_seq_max = max_seqs
-        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = torch.get_num_threads()  # the same cores as swarm's
         params.kv_unified = True  # one cache for all sequences, so seq_cp shares cells instead of copying
         ctx = self.lc.llama_init_from_model(self.model, params)
         if not ctx:
