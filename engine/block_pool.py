@@ -53,6 +53,11 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self.free_order)
 
+    @property
+    def num_in_use(self) -> int:
+        """Blocks referenced or pinned: every block not in the free order."""
+        return len(self.blocks) - len(self.free_order)
+
     def ref_count(self, block_id: int) -> int:
         return self.blocks[block_id].ref_count
 

@@ -53,6 +53,7 @@ def collect_stats(manager: BlockManager, seqs: list[Sequence], block_bytes: int,
     pool = manager.pool
     blocks = pool.blocks
     in_use = [b for b in blocks if b.ref_count > 0 or b.pins > 0]
+    assert len(in_use) == pool.num_in_use, "free order and ref counts disagree"
     return KVStats(
         block_size=pool.block_size,
         block_bytes=block_bytes,

@@ -122,6 +122,10 @@ class LLMEngine:
         seqs = [s for s in self.live.values() if s.block_table]
         return collect_stats(self.blocks, seqs, self.runner.kv.block_bytes, self.runner.tokens_computed)
 
+    def kv_bytes_in_use(self) -> int:
+        """Pool usage in O(1), for sampling every step."""
+        return self.blocks.pool.num_in_use * self.runner.kv.block_bytes
+
     @property
     def tokens_computed(self) -> int:
         return self.runner.tokens_computed
