@@ -1,10 +1,13 @@
 """A whole run in process, on the real engine with a tiny random model. A scripted sampler makes
 the agents call tools, so the turns, the appended tool results and the KV sharing are real."""
 import math
+import time
 
 import pytest
+import torch
 
 from engine.llm_engine import EngineOptions, LLMEngine
+from swarm.agent import ToolJob
 from swarm.orchestrator import SwarmRun
 from swarm.run_view import PlainView
 from swarm.spec import load_spec
@@ -43,8 +46,30 @@ def scripted_run(tmp_path_factory):
     run_dir.mkdir(parents=True)
     run = SwarmRun(spec, run_dir, PlainView(open(folder / "log.txt", "w")), engine=engine)
     run.memory = RecordingMemory(run.memory.agent_names)
-    summary = run.run()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model gains nothing from threads, and a shared CPU punishes them
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ToolJob, "run", slow_escaper_tool(run_dir / "agent-reader.jsonl"))
+            summary = run.run()
+    finally:
+        torch.set_num_threads(threads)
     return run, summary, run.memory.observed
+
+
+def slow_escaper_tool(reader_transcript):
+    """The escaper's tool call returns only once the reader has finished a turn: that can only
+    happen if the loop keeps decoding the others while a tool runs."""
+    original = ToolJob.run
+
+    def run(job, toolbox):
+        if "escaper" in str(toolbox.workspace.root):
+            deadline = time.monotonic() + 60
+            while '"assistant"' not in reader_transcript.read_text() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return original(job, toolbox)
+
+    return run
 
 
 def events_of(run, name):
@@ -90,6 +115,15 @@ def test_tool_results_are_appended_to_the_same_sequence_in_chat_format(scripted_
     assert text.startswith(tokenizer.decode(system.prompt_ids, skip_special_tokens=False))
     assert text.count("<|im_start|>user\n<tool_response>\n") == 3
     assert text.endswith("Fixed the formula in textkit/temperature.py.<|im_end|>")
+
+
+def test_a_tool_wait_does_not_hold_back_the_other_agents(scripted_run):
+    run, _, _ = scripted_run
+    escaper = events_of(run, "escaper")
+    call = next(e for e in escaper if e["event"] == "tool_call")
+    result = next(e for e in escaper if e["event"] == "tool_result")
+    reader_turn = next(e for e in events_of(run, "reader") if e["event"] == "assistant")
+    assert call["t"] < reader_turn["t"] <= result["t"]
 
 
 def test_each_agent_works_in_its_own_copy(scripted_run):
