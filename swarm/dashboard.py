@@ -1,15 +1,18 @@
 """The live dashboard (rich), the default view when the output is a terminal.
 
-    swarm run example-20250601-140312 · smollm2-135m-instruct · cpu · bfloat16 · weights 269.1 MB
-    KV pool (host memory)  31.4 MB used of 200.0 MB
-    trunk                  1,290 tokens · 29.7 MB · shared by 4 agents · saved 89.2 MB · prefix hits 93%
-    throughput             24.1 tok/s · 41 s
-    agent      state     turn  context  shared   private  tok/s  last tool   memory
-    fixer      decoding  2     1,702    29.5 MB  9.5 MB   6.1    read_file   ██████████████████░░░░
+    swarm run              example-20261130-062828 · smollm2-135m-instruct · cpu · float32 · weights 538.06 MB
+    KV pool (host memory)  88.47 MB used of 199.80 MB
+    trunk                  1,328 tokens · 61.19 MB · shared by 3 of 4 agents · saved 125.34 MB against no
+                           sharing (peak 188.01 MB) · prefix hit rate 78%
+    throughput             23.6 tok/s · 28 s
+     agent       state     turn  context    shared  private  tok/s  last tool  shared | private
+     fixer       decoding     1    1,535  62.67 MB  8.11 MB    6.8  -          █████████████████████▒▒▒
+     documenter  done         1    1,526       0 B      0 B      -  -          ························
 
 The loop calls `refresh()` at most 4 times a second; it only swaps in new figures. Drawing is
 done by rich's own refresh thread, which mostly overlaps the model's matrix work (torch
-releases the GIL), so the decode loop pays next to nothing for it.
+releases the GIL). Measured on the example: decode steps take the same time with or without
+it (median 124.9 ms against 126.2 ms); one frame costs about 4.5 ms of CPU.
 """
 from __future__ import annotations
 
@@ -118,10 +121,11 @@ def agent_table(agents: list[Agent], memory: SwarmMemory) -> Table:
     for agent in agents:
         kv = memory.agents[agent.name]
         state = agent.display_state
-        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(agent.turn),
+        turn = agent.turn if agent.ended else agent.turn + 1
+        rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
+        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(turn),
                       f"{agent.context_tokens:,}", format_bytes(kv.shared_bytes), format_bytes(kv.private_bytes),
-                      f"{agent.throughput.rate(now):.1f}", agent.last_tool or "-",
-                      memory_bar(kv.shared_bytes, kv.private_bytes, scale))
+                      rate, agent.last_tool or "-", memory_bar(kv.shared_bytes, kv.private_bytes, scale))
     return table
 
 

@@ -58,7 +58,7 @@ def test_frame_has_the_header_figures_and_a_row_per_agent(dashboard_parts):
     assert "100 tokens · 7.00 KB · shared by 2 of 2 agents · saved 6.00 KB" in text
     assert "prefix hit rate 75%" in text
     row = next(line for line in text.splitlines() if line.strip().startswith("a1 "))
-    assert row.split()[:4] == ["a1", "tool", "2", "3"] and "read_file" in row
+    assert row.split()[:4] == ["a1", "tool", "3", "3"] and "read_file" in row  # working on its third turn
     assert next(line for line in text.splitlines() if line.strip().startswith("a2 ")).split()[1] == "queued"
 
 

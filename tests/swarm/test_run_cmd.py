@@ -49,13 +49,28 @@ def test_json_run_writes_transcripts_and_summary(tmp_path, model):
     assert memory["trunk_tokens"] > 0 and memory["bytes_saved"] > 0 and memory["peak"]["agents_sharing"] == 2
 
 
+# `swarm run` with every engine step 10 ms slower, so a tiny model's run lasts long enough to interrupt.
+SLOW_SWARM = """
+import sys, time
+from engine.llm_engine import LLMEngine
+step = LLMEngine.step
+LLMEngine.step = lambda self: time.sleep(0.01) or step(self)
+sys.argv[0] = "swarm"
+from swarm.cli import main
+main()
+"""
+
+
 def test_sigint_stops_cleanly_with_exit_code_130(tmp_path, model):
-    spec = write_run_spec(tmp_path, model, agents=2, max_tokens=1000, max_turns=30)
-    process = swarm("run", spec, "--no-tui")
-    for line in process.stdout:  # wait until the agents are decoding
-        if "prefilled" in line:
+    spec = write_run_spec(tmp_path, model, agents=2, max_tokens=1000, max_turns=30, temperature=0)
+    process = subprocess.Popen([sys.executable, "-c", SLOW_SWARM, "run", str(spec), "--no-tui"], cwd=REPO, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    decoding = 0
+    for line in process.stdout:  # wait until both agents are decoding
+        decoding += "prefilled" in line
+        if decoding == 2:
             break
-    time.sleep(0.5)
+    time.sleep(0.3)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
