@@ -1,13 +1,15 @@
 """The live dashboard (rich), the default view when the output is a terminal.
 
-    swarm run              example-20261130-062828 · smollm2-135m-instruct · cpu · float32 · weights 538.06 MB
-    KV pool (host memory)  88.47 MB used of 199.80 MB
-    trunk                  1,328 tokens · 61.19 MB · shared by 3 of 4 agents · saved 125.34 MB against no
-                           sharing (peak 188.01 MB) · prefix hit rate 78%
-    throughput             23.6 tok/s · 28 s
+    swarm run              swarm-20261130-063717 · smollm2-135m-instruct · cpu · float16 · weights 269.03 MB
+    KV pool (host memory)  41.29 MB used of 199.80 MB
+    trunk                  1,328 tokens · 30.60 MB · shared by 4 of 4 agents · saved 94.00 MB against no
+                           sharing (peak 94.00 MB) · prefix hit rate 78%
+    throughput             33.8 tok/s · 33 s
      agent       state     turn  context    shared  private  tok/s  last tool  shared | private
-     fixer       decoding     1    1,535  62.67 MB  8.11 MB    6.8  -          █████████████████████▒▒▒
-     documenter  done         1    1,526       0 B      0 B      -  -          ························
+     fixer       decoding     1    1,456  31.33 MB  2.21 MB    8.4  -          ██████████████████████▒▒
+     tester      decoding     1    1,460  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
+     documenter  decoding     1    1,458  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
+     reviewer-1  decoding     1    1,468  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
 
 The loop calls `refresh()` at most 4 times a second; it only swaps in new figures. Drawing is
 done by rich's own refresh thread, which mostly overlaps the model's matrix work (torch
@@ -136,6 +138,6 @@ def memory_bar(shared: int, private: int, scale: int, width: int = BAR_WIDTH) ->
         private_cells = 1
     bar = Text()
     bar.append("█" * shared_cells, style="blue")
-    bar.append("█" * private_cells, style="yellow")
+    bar.append("▒" * private_cells, style="yellow")  # a glyph of its own, so it reads without colour
     bar.append("·" * (width - shared_cells - private_cells), style="dim")
     return bar
