@@ -128,7 +128,7 @@ class Agent:
     def on_prefilled(self) -> None:
         if self.state is AgentState.PREFILL:
             self.state = AgentState.DECODING
-            self._event("prefilled", context_tokens=self.context_tokens)
+            self._event("prefilled", context_tokens=self.seq.num_computed_tokens)  # tokens with KV now
 
     def on_token(self, now: float) -> None:
         self.generated_tokens += 1
@@ -171,13 +171,15 @@ class Agent:
             return  # ended while its tools ran (wall time, Ctrl-C)
         self.tool_seconds += job.seconds
         self.tool_calls += len(job.calls)
-        for result in job.results:
-            self._event("tool_result", turn=job.turn, name=result.name, ok=result.ok, output=result.output,
-                        truncated=result.truncated, seconds=round(job.seconds, 4))
         outputs = [result.output for result in job.results] + job.errors
         ids = self.responses.continuation_ids(outputs, job.end_token)
         context = len(self.seq) + len(ids)
-        if context >= self.limits.max_context - 1:
+        fits = context < self.limits.max_context - 1
+        for result in job.results:  # appended_tokens: what this turn's results add to the context
+            self._event("tool_result", turn=job.turn, name=result.name, ok=result.ok, output=result.output,
+                        truncated=result.truncated, seconds=round(job.seconds, 4),
+                        appended_tokens=len(ids) if fits else 0)
+        if not fits:
             self._end(engine, AgentState.DONE, "context_full")
             return
         self.tool_tokens += len(ids)

@@ -39,8 +39,8 @@ def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_d
                   emit: Callable[[AgentEvent], None]) -> SwarmSetup:
     source = trunk_source(load_harness(spec.harness), spec)
     tool_names = [segment.tool["function"]["name"] for segment in source.tools]
-    workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
     _check_commands(spec, tool_names)
+    workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
     now = datetime.now(timezone.utc)
     environments = {name: Environment.detect(ws.root, now) for name, ws in workspaces.items()}
     prompts = build_prompts(tokenizer, source, spec.agents, environments)

@@ -3,9 +3,11 @@ so a run that is killed leaves every transcript complete up to its last event.
 
     {"t": 3.512, "event": "tool_call", "turn": 1, "name": "read_file", "arguments": {"path": "a.py"}}
 
-`t` is seconds since the run started. Events: message (the system and first user message),
-prefilled, assistant (each turn's text and token count), tool_call, tool_error (a malformed
-call, with the message the agent got), tool_result, end (status and reason).
+`t` is seconds since the run started. Events: message (the system and first user message, with
+their token counts), prefilled (context_tokens), assistant (each turn's text, tokens and
+finish_reason; `partial` when the run stopped it), tool_call, tool_error (a malformed call, with
+the message the agent got), tool_result (output, ok, and appended_tokens: what the turn's
+results added to the context), end (status, reason, turns, token counts, seconds).
 """
 from __future__ import annotations
 

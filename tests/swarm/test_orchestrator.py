@@ -98,6 +98,7 @@ def test_transcript_records_messages_calls_results_and_token_counts(scripted_run
     assert events[0]["role"] == "system" and events[1]["role"] == "user" and "Fix the failing test" in events[1]["content"]
     assert "+ 23" in events[5]["output"] and events[5]["ok"]
     assert events[12]["ok"] and events[12]["output"].startswith("wrote")
+    assert events[6]["context_tokens"] == events[3]["context_tokens"] + events[5]["appended_tokens"]
     assert all(e["tokens"] > 0 for e in events if e["event"] == "assistant")
     assert [e["t"] for e in events] == sorted(e["t"] for e in events)
     escaper = events_of(run, "escaper")
