@@ -89,10 +89,11 @@ def inspect_prefix(spec_path: str | Path, model_config: str | None = None, agent
     findings = lint_trunk(prompts, source, variables, Volatiles.detect(spec.workspace.path, spec.out))
     divergences = find_divergences(tokenizer, prompts, source, variables)
     config = load_shipped_or_path(model_config) if model_config else load_model_config(spec.model)
-    bytes_per_token = config.kv_bytes_per_token(spec.dtype)
+    dtype = _kv_dtype(spec, model_config)
+    bytes_per_token = config.kv_bytes_per_token(dtype)
     budget = budget or spec.kv_budget
     table = memory_table(bytes_per_token, agents or len(spec.agents), len(prompts.trunk.token_ids),
-                         budget.to_bytes(bytes_per_token) if budget else None, spec.dtype,
+                         budget.to_bytes(bytes_per_token) if budget else None, dtype,
                          references, private_tokens)
     return PrefixReport(
         spec=str(spec_path), model=spec.model, model_config=model_config or spec.model,
@@ -100,7 +101,7 @@ def inspect_prefix(spec_path: str | Path, model_config: str | None = None, agent
         tools_mode=prompts.trunk.tools_mode, trunk_tokens=len(prompts.trunk.token_ids),
         trunk_sha256=prompts.trunk.sha256, system_tokens=len(prompts.agents[0].system_ids),
         agents=_branches(prompts, divergences), findings=findings,
-        kv_shape=_kv_shape(config, spec.dtype), memory=table)
+        kv_shape=_kv_shape(config, dtype), memory=table)
 
 
 def _agent_cwd(spec: SwarmSpec, agent: AgentSpec) -> Path:
@@ -121,6 +122,17 @@ def _branches(prompts: PromptSet, divergences: list[Divergence]) -> list[AgentBr
             diverges_at=d.token_index if d else None, diverges_from=d.other if d else None,
             in_trunk=d.in_trunk if d else False, reason=d.reason if d else "the only agent"))
     return branches
+
+
+def _kv_dtype(spec, model_config) -> str:
+    """`auto` sizes for what the engine would pick here; a model sized from a shipped config
+    (one not installed, usually for a GPU) is sized in float16."""
+    if spec.dtype != "auto":
+        return spec.dtype
+    if model_config or spec.device.startswith("cuda"):
+        return "float16"
+    from engine.llm_engine import pick_device, pick_dtype
+    return str(pick_dtype("auto", pick_device(spec.device))).removeprefix("torch.")
 
 
 def _kv_shape(config: ModelConfig, dtype: str) -> KvShape:

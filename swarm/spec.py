@@ -22,7 +22,7 @@ from swarm.workspace import WORKSPACE_MODES
 
 TOP_KEYS = ["model", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
             "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
-DTYPES = ["float16", "bfloat16", "float32"]
+DTYPES = ["auto", "float16", "bfloat16", "float32"]
 DEFAULT_HARNESS = "coding-agent"
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -59,7 +59,7 @@ class LimitsSpec:
 
 @dataclass(slots=True)
 class RunCommandSpec:
-    enabled: bool = True
+    enabled: bool = False
     timeout: float = 60.0
 
 
@@ -69,7 +69,7 @@ class SwarmSpec:
     model: str
     agents: list[AgentSpec]
     device: str = "auto"
-    dtype: str = "float16"
+    dtype: str = "auto"
     kv_budget: KvBudget | None = None
     harness: Path | None = None
     extra_tools: list[dict] = field(default_factory=list)

@@ -3,6 +3,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from engine.llm_engine import pick_dtype
 
 from swarm.cli import main
 from swarm.spec import load_spec
@@ -26,8 +29,10 @@ def test_prints_trunk_agents_lint_and_memory(swarm_cli):
     assert code == 0, err
     trunk = prompts_for(load_spec(EXAMPLE_SPEC))[0].trunk
     assert f"trunk: {len(trunk.token_ids):,} tokens, sha256 {trunk.sha256[:16]}" in out
+    dtype = pick_dtype("auto", torch.device("cpu"))
+    bytes_per_token = 2 * 30 * 3 * 64 * torch.tensor([], dtype=dtype).element_size()
     for text in ("Agents", "fixer", "reviewer-1", "prefix lint: no findings", "KV memory: 4 agents",
-                 "23,040 B"):
+                 f"{bytes_per_token:,} B"):
         assert text in out
 
 

@@ -39,7 +39,7 @@ def test_example_spec_loads_with_every_key():
 def test_counted_agents_get_names_and_the_default_task(tmp_path):
     spec = load(tmp_path, MINIMAL)
     assert [(a.name, a.task) for a in spec.agents] == [(f"agent-{i}", "fix the failing test") for i in (1, 2, 3)]
-    assert spec.kv_budget is None and spec.dtype == "float16" and spec.workspace.path == tmp_path
+    assert spec.kv_budget is None and spec.dtype == "auto" and spec.workspace.path == tmp_path
 
 
 def test_auto_kv_budget_is_no_budget(tmp_path):
@@ -59,7 +59,7 @@ def test_lines_of_extra_rules_are_recorded(tmp_path):
     (MINIMAL + "limits:\n  max_turns: many\n", 5, "limits.max_turns", "expected an integer, got a string 'many'"),
     (MINIMAL + "sampling:\n  top_k: true\n", 5, "sampling.top_k", "expected an integer"),
     (MINIMAL.replace("agents: 3", "agents: four"), 3, "agents", "expected a count like 4"),
-    (MINIMAL + "dtype: fp8\n", 4, "dtype", "'fp8' is not one of float16"),
+    (MINIMAL + "dtype: fp8\n", 4, "dtype", "'fp8' is not one of auto"),
     ("task: x\nagents: 2\n", 1, "model", "missing required key"),
     (MINIMAL.replace("task: fix the failing test\n", ""), 2, "task", "missing required key"),
     ("model: smollm2-135m-instruct\nagents:\n  - name: a\n", 3, "agents[0].task", "missing required key"),
