@@ -15,7 +15,8 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import cascade_attention, paged_attention
+from kernels import paged_attention
+from kernels.backend import AttentionOps, attention_ops
 
 
 @dataclass(slots=True)
@@ -108,23 +109,23 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         k_cache, v_cache = kv.layers[self.layer_index]
-        paged_attention.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        ops = attention_ops(q.device)
+        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         if batch.is_prefill:
             tables = list(batch.block_tables)
             out = paged_attention.prefill_attention(q, k_cache, v_cache, tables, batch.context_lens_list,
                                                     batch.query_lens, self.scale)
         else:
-            out = _decode(q, k_cache, v_cache, batch.decode_plan, self.scale)
+            out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)
         return self.o_proj(out.reshape(tokens, -1))
 
 
-def _decode(q, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
-    out, lse = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables,
-                                                       plan.private_lens, scale)
+def _decode(ops: AttentionOps, q, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
+    out, lse = ops.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens, scale)
     for prefix in plan.prefixes:
         k, v = _prefix_kv(k_cache, prefix), _prefix_kv(v_cache, prefix)
-        shared_out, shared_lse = cascade_attention.prefix_attention(q[prefix.rows], k, v, scale)
-        merged, _ = cascade_attention.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
+        shared_out, shared_lse = ops.prefix_attention(q[prefix.rows], k, v, scale)
+        merged, _ = ops.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
         out[prefix.rows] = merged
     return out.to(q.dtype)
 

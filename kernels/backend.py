@@ -1,0 +1,83 @@
+"""Which decode-attention kernels run: Triton on a GPU, plain PyTorch elsewhere.
+
+    SWARM_ATTENTION_BACKEND   unset/auto: Triton when the device is a GPU (CUDA or ROCm
+                                          build of torch) and triton imports, else torch
+                              torch:      always the PyTorch reference path
+                              triton:     always Triton; on CPU only with TRITON_INTERPRET=1
+                                          (the interpreter, slow: for tests)
+
+Prefill attention is not part of this choice: it always runs on torch's SDPA.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import SwarmError
+from kernels import cascade_attention, paged_attention
+
+BACKEND_ENV = "SWARM_ATTENTION_BACKEND"
+CHOICES = ("auto", "torch", "triton")
+
+
+class AttentionBackendError(SwarmError):
+    """A SWARM_ATTENTION_BACKEND that cannot run here."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionOps:
+    """The decode-step kernels, one implementation set (see kernels.cascade_attention)."""
+
+    name: str
+    write_kv: Callable[..., None]
+    paged_decode_with_lse: Callable
+    prefix_attention: Callable
+    merge_attention: Callable
+
+
+TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
+                         cascade_attention.prefix_attention, cascade_attention.merge_attention)
+
+
+def attention_ops(device: torch.device) -> AttentionOps:
+    """The kernels for tensors on `device`, as SWARM_ATTENTION_BACKEND asks (read on each call)."""
+    choice = os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
+    return _ops_for(device.type, choice, _interpreting())
+
+
+@functools.cache
+def _ops_for(device_type: str, choice: str, interpreting: bool) -> AttentionOps:
+    if choice not in CHOICES:
+        raise AttentionBackendError(f"{BACKEND_ENV}={choice!r} is not a backend: use torch or triton, or unset it")
+    on_gpu = device_type == "cuda"
+    if choice == "torch" or (choice == "auto" and not (on_gpu and _triton_installed())):
+        return TORCH_OPS
+    if not _triton_installed():
+        raise AttentionBackendError(f"{BACKEND_ENV}=triton needs the triton package: pip install triton")
+    if not (on_gpu or interpreting):
+        raise AttentionBackendError(f"{BACKEND_ENV}=triton on {device_type} runs only under TRITON_INTERPRET=1 "
+                                    f"(slow, for tests); unset {BACKEND_ENV} to use torch")
+    return _triton_ops()
+
+
+def _triton_ops() -> AttentionOps:
+    from kernels import triton_attention     # imported late: TRITON_INTERPRET is read when kernels are defined
+
+    return AttentionOps("triton", triton_attention.write_kv, triton_attention.paged_decode_with_lse,
+                        triton_attention.prefix_attention, triton_attention.merge_attention)
+
+
+def _triton_installed() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:   # not installed, or a build that does not load here
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
