@@ -181,19 +181,14 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def _cpu_has_fast_bfloat16() -> bool:
-    """bfloat16 matrix units (AVX512-BF16, AMX) make bfloat16 several times faster than float32."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: 16-bit on a GPU, where memory is what runs out; float32 on a CPU, where greedy
+    output stays token-for-token the same with sharing on or off, batched or alone (16-bit
+    rounding can flip near-ties when the summation order changes). Ask for bfloat16 for speed."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if _cpu_has_fast_bfloat16() else torch.float32
+        return torch.float32
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
         raise SwarmError(f"dtype {name!r} is not supported; use one of auto, {', '.join(dtypes)}")
