@@ -41,9 +41,13 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.device = device
-        self.min_prefix_tokens = MIN_PREFIX_TOKENS if cascade else float("inf")
+        self.use_cascade(cascade)
         self.tokens_computed = 0
         self.prompt_tokens_computed = 0
+
+    def use_cascade(self, on: bool) -> None:
+        """Cascade decode attention on or off from the next step (`swarm bench-decode` alternates)."""
+        self.min_prefix_tokens = MIN_PREFIX_TOKENS if on else float("inf")
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:

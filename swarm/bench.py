@@ -38,7 +38,7 @@ class SwarmRunner:
 
     def __init__(self, options: BenchOptions, sharing: bool):
         self.name = "swarm" if sharing else "swarm_no_sharing"
-        self.version = _swarm_version()
+        self.version = swarm_version()
         self.llm = LLM(options.model, device=options.device, dtype=options.dtype,
                        kv_budget_tokens=options.largest_kv_tokens, enable_prefix_caching=sharing)
 
@@ -67,7 +67,7 @@ class SwarmRunner:
             began = watch.elapsed()
             result = engine.step()
             ended = watch.elapsed()
-            _raise_errors(result.finished)
+            raise_errors(result.finished)
             for seq, _ in result.new_tokens:
                 first.setdefault(seq.seq_id, ended)
             if result.new_tokens and not result.prefilled:
@@ -76,14 +76,14 @@ class SwarmRunner:
         return first, peak, decode_tokens, decode_s
 
 
-def _swarm_version() -> str:
+def swarm_version() -> str:
     try:
         return importlib.metadata.version("swarm-llm")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 
 
-def _raise_errors(finished) -> None:
+def raise_errors(finished) -> None:
     for seq in finished:
         if seq.finish_reason == "error":
             raise BenchError(f"swarm: {seq.error}")

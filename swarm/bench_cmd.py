@@ -45,8 +45,10 @@ def bench(
     Per system: KV bytes held at peak, prompt tokens computed, time to the first token of the last agent, aggregate decode tokens/s, end-to-end wall time, and each over swarm-with-sharing's.
 
     Example: swarm bench --agents 1,8 --trunk 2048 --out bench.json --plot bench.png
+
+    One decode step, cascade attention against plain paged attention: swarm bench-decode.
     """
-    options = BenchOptions(model, _ints("--agents", agents), _ints("--trunk", trunk), suffix, new_tokens,
+    options = BenchOptions(model, comma_ints("--agents", agents), comma_ints("--trunk", trunk), suffix, new_tokens,
                            tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
                            repeats, seed)
     if plot is not None:
@@ -65,7 +67,7 @@ def bench(
     _print_report(report, Console(), out, plot)
 
 
-def _ints(name: str, raw: str) -> tuple[int, ...]:
+def comma_ints(name: str, raw: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in raw.split(",") if part.strip())
     except ValueError:

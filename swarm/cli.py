@@ -25,6 +25,8 @@ def _register() -> None:
     app.command("inspect-prefix")(inspect_cmd.inspect_prefix_cmd)
     from swarm import bench_cmd
     app.command("bench")(bench_cmd.bench)
+    from swarm import bench_decode_cmd
+    app.command("bench-decode")(bench_decode_cmd.bench_decode)
     from swarm import run_cmd
     app.command("run")(run_cmd.run)
 

@@ -1,4 +1,5 @@
-"""`swarm bench` on a tiny random model: the JSON schema, the sharing arithmetic, the PNG.
+"""`swarm bench` and `swarm bench-decode` on a tiny random model: the JSON schema, the sharing
+arithmetic, the PNG.
 The bench itself is not a test; this only checks that it runs and reports what it measured."""
 import json
 
@@ -97,3 +98,55 @@ def test_agents_share_the_trunk_and_diverge_at_their_first_suffix_token():
     assert all(p[:30] == workload.trunk for p in prompts)
     assert len({p[30] for p in prompts}) == 4
     assert make_workload(4, 30, 6, 2, 320, seed="u").trunk != workload.trunk
+
+
+DECODE_N, DECODE_TRUNKS, DECODE_S, DECODE_K = 3, (80, 160), 8, 3
+MODE_FIELDS = {"median_step_s", "step_s", "attention_bytes_per_step"}
+
+
+@pytest.fixture(scope="module")
+def decode_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_decode")
+    model = make_tiny_model(root / "llama", "llama")
+    out = root / "decode.json"
+    args = ["bench-decode", "--model", str(model), "--agents", str(DECODE_N),
+            "--trunk", ",".join(map(str, DECODE_TRUNKS)), "--suffix", str(DECODE_S), "--steps", str(DECODE_K),
+            "--dtype", "float32", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text()), result.output
+
+
+def test_decode_bench_json_follows_the_documented_schema(decode_run):
+    document, table = decode_run
+    assert {"schema_version", "model", "device", "dtype", "threads", "versions", "decode_steps"} <= set(document)
+    decode = document["decode_steps"]
+    assert (decode["agents"], decode["suffix"], decode["steps"]) == (DECODE_N, DECODE_S, DECODE_K)
+    assert [t["trunk"] for t in decode["trunks"]] == list(DECODE_TRUNKS)
+    for trunk in decode["trunks"]:
+        for mode in ("cascade", "plain"):
+            assert set(trunk[mode]) == MODE_FIELDS
+            assert len(trunk[mode]["step_s"]) == DECODE_K
+            assert trunk[mode]["median_step_s"] > 0
+        assert trunk["speedup"] == pytest.approx(trunk["plain"]["median_step_s"] / trunk["cascade"]["median_step_s"])
+        assert trunk["matches"] == 1.0
+        assert 0 <= trunk["first_step_logit_diff"] < 1e-3
+    assert "speedup" in table
+
+
+def test_decode_bench_cascade_reads_the_trunk_once(decode_run):
+    decode = decode_run[0]["decode_steps"]
+    n, bpt = decode["agents"], decode["bytes_per_token"]
+    for trunk in decode["trunks"]:
+        t, context = trunk["trunk"], trunk["mean_context"]
+        assert trunk["shared_tokens"] == t
+        assert context == t + DECODE_S + (DECODE_K + 1) / 2
+        assert trunk["plain"]["attention_bytes_per_step"] == round(n * context * bpt)
+        assert trunk["cascade"]["attention_bytes_per_step"] == round((t + n * (context - t)) * bpt)
+        assert trunk["cascade"]["attention_bytes_per_step"] < trunk["plain"]["attention_bytes_per_step"]
+
+
+def test_decode_bench_needs_a_trunk_cascade_takes():
+    result = CliRunner().invoke(app, ["bench-decode", "--trunk", "32"])
+    assert result.exit_code != 0
+    assert "--trunk" in str(result.exception)
