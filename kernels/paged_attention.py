@@ -59,17 +59,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    # [1, heads, tokens, dim]: the fused (flash) CPU kernel takes 4-D inputs only
     qlen, ctx = q.shape[0], k.shape[0]
-    qh = q.transpose(0, 1)
-    kh = k.transpose(0, 1).to(qh.dtype)
-    vh = v.transpose(0, 1).to(qh.dtype)
+    qh = q.transpose(0, 1).unsqueeze(0)
+    kh = k.transpose(0, 1).unsqueeze(0).to(qh.dtype)
+    vh = v.transpose(0, 1).unsqueeze(0).to(qh.dtype)
     if ctx == qlen:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
     else:
         rows = torch.arange(ctx - qlen, ctx, device=q.device)[:, None]
         mask = torch.arange(ctx, device=q.device)[None, :] <= rows
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
