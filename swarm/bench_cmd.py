@@ -34,7 +34,7 @@ def bench(
     hf_dtype: str = typer.Option("float32", "--hf-dtype", help="transformers' dtype (its default is float32)."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per system and configuration; the median is kept."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random token ids of the workload."),
-    out: Path = typer.Option(None, "--out", help="Write the results as JSON (swarm/BENCH_JSON.md) here."),
+    out: Path = typer.Option(None, "--out", help="Write the results as JSON (schema in the README) here."),
     plot: Path = typer.Option(None, "--plot", help="Write a PNG chart here (needs matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
 ) -> None:

@@ -25,7 +25,7 @@ def bench_decode(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random token ids of the prompts."),
-    out: Path = typer.Option(None, "--out", help="Write the results as JSON (swarm/BENCH_JSON.md) here."),
+    out: Path = typer.Option(None, "--out", help="Write the results as JSON (schema in the README) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
 ) -> None:
     """Time one decode step with cascade attention (the shared trunk read once for all agents) against plain paged attention (every agent reads its whole context), on one engine and the same KV.

@@ -1,4 +1,4 @@
-"""What `swarm bench` found: per configuration, per system, and as JSON (swarm/BENCH_JSON.md)."""
+"""What `swarm bench` found: per configuration, per system, and as JSON (schema in the README)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

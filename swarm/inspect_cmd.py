@@ -40,7 +40,7 @@ def inspect_prefix_cmd(
                                    metavar="T1,T2,...", help="Reference trunk lengths for the table."),
     strict: bool = typer.Option(False, "--strict",
                                 help="Exit 1 when lint finds anything or agents diverge inside the trunk."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (swarm/INSPECT_JSON.md)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema in the README)."),
 ) -> None:
     """Show the shared prompt trunk of a swarm without loading any weights.
 

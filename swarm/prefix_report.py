@@ -65,7 +65,7 @@ class PrefixReport:
         return not self.findings and not any(agent.in_trunk for agent in self.agents)
 
     def to_json(self) -> dict:
-        """The `--json` document; its schema is documented in swarm/INSPECT_JSON.md."""
+        """The `--json` document; its schema is documented in the README."""
         trunk = {"tokens": self.trunk_tokens, "sha256": self.trunk_sha256, "system_tokens": self.system_tokens,
                  "tools_mode": self.tools_mode}
         memory = asdict(self.memory) | {"budget_tokens": self.memory.budget_tokens}

@@ -1,6 +1,6 @@
 """swarm.yaml: what to run, checked up front so a mistake is one line naming file, line and key.
 
-Every key is documented in `swarm/SPEC_REFERENCE.md`; `swarm.yaml.example` shows them all.
+Every key is documented in the README's swarm.yaml reference; `swarm.yaml.example` shows them all.
 Relative paths (model, harness, workspace, out) are relative to the spec file's folder.
 """
 from __future__ import annotations
