@@ -24,12 +24,11 @@ class AttentionBatch:
     """Where this step's tokens go and what they attend to."""
 
     is_prefill: bool
-    slot_mapping: torch.Tensor            # [tokens] flat KV slot of each new token
-    context_lens: torch.Tensor            # [seqs] tokens in context after this step
-    block_tables: torch.Tensor            # [seqs, max_blocks], padded
-    query_lens: list[int]                 # new tokens per sequence (prefill)
-    context_lens_list: list[int]
-    decode_plan: DecodePlan | None = None  # shared-prefix split of a decode step
+    slot_mapping: torch.Tensor                 # [tokens] flat KV slot of each new token
+    context_lens: list[int]                    # tokens in each sequence's context after this step
+    query_lens: list[int]                      # new tokens per sequence
+    block_tables: list[torch.Tensor] | None = None  # prefill: each sequence's blocks
+    decode_plan: DecodePlan | None = None      # decode: the shared-prefix split
 
 
 class RMSNorm(nn.Module):
@@ -112,8 +111,7 @@ class Attention(nn.Module):
         ops = attention_ops(q.device)
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         if batch.is_prefill:
-            tables = list(batch.block_tables)
-            out = paged_attention.prefill_attention(q, k_cache, v_cache, tables, batch.context_lens_list,
+            out = paged_attention.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                                     batch.query_lens, self.scale)
         else:
             out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)

@@ -71,18 +71,11 @@ class ModelRunner:
             positions += span
             slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in span]
             context_lens.append(start + n)
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
-        attention = AttentionBatch(
-            is_prefill=batch.is_prefill,
-            slot_mapping=as_tensor(slots),
-            context_lens=as_tensor(context_lens),
-            block_tables=as_tensor(tables),
-            query_lens=list(batch.num_new),
-            context_lens_list=context_lens,
-        )
-        if not batch.is_prefill:
+        attention = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new))
+        if batch.is_prefill:
+            attention.block_tables = [as_tensor(seq.block_table) for seq in batch.seqs]
+        else:
             attention.decode_plan = plan_decode([seq.block_table for seq in batch.seqs], context_lens,
                                                 block_size, self.device, self.min_prefix_tokens)
         return as_tensor(tokens), as_tensor(positions), attention

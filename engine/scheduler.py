@@ -114,9 +114,10 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
         pool = self.blocks.pool
         if not seq.block_table:
-            if self.blocks.blocks_to_admit(seq, 1) > pool.num_free:
-                self._evict_paused(self.blocks.blocks_to_admit(seq, 1))
-            if self.blocks.blocks_to_admit(seq, 1) > pool.num_free:
+            needed = self.blocks.blocks_to_admit(seq, 1)
+            if needed > pool.num_free and self._evict_paused(needed):
+                needed = self.blocks.blocks_to_admit(seq, 1)  # evicted blocks may be ones it matches
+            if needed > pool.num_free:
                 return self._fail_if_alone(seq, batch)
             self.blocks.admit(seq)
         self.waiting.remove(seq)
