@@ -120,7 +120,7 @@ def build_prompts(tokenizer: Tokenizer, source: TrunkSource, agents: list[AgentS
                   environments: dict[str, Environment]) -> PromptSet:
     assert agents, "a swarm has at least one agent"
     tools = [segment.tool for segment in source.tools]
-    mode = _tools_mode(tokenizer, tools)
+    mode = tools_mode(tokenizer, tools)
     rules = [segment.text for segment in source.rules]
     written = _tokenized_trunk(tokenizer, _render(tokenizer, _content(rules, tools, mode), tools, mode), mode)
     prompts = [_agent_prompt(tokenizer, rules, tools, mode, agent, environments[agent.name]) for agent in agents]
@@ -182,7 +182,12 @@ def tokenize_with_offsets(tokenizer: Tokenizer, text: str,
 
 
 def _content(rules: list[str], tools: list[dict], mode: str) -> str:
-    text = "\n\n".join(rule.strip() for rule in rules)
+    return system_content("\n\n".join(rule.strip() for rule in rules), tools, mode)
+
+
+def system_content(text: str, tools: list[dict], mode: str) -> str:
+    """The system message's content: `text`, then the Hermes tools block where the chat
+    template does not render the tools itself (mode "tools-block")."""
     if mode != "tools-block":
         return text
     return f"{text}\n\n{tools_block(tools)}" if text else tools_block(tools)
@@ -199,7 +204,7 @@ def _render(tokenizer: Tokenizer, content: str, tools: list[dict], mode: str, us
         raise SwarmError(f"the model's chat template cannot render the prompt: {err}") from None
 
 
-def _tools_mode(tokenizer: Tokenizer, tools: list[dict]) -> str:
+def tools_mode(tokenizer: Tokenizer, tools: list[dict]) -> str:
     """Native tool rendering when the template puts every tool into the system message."""
     if not tools:
         return "none"
