@@ -1,4 +1,5 @@
-"""From a spec and a loaded engine to agents ready to start: workspaces, prompts, tool boxes.
+"""From a spec to agents ready to start: workspaces and tool boxes for every backend
+(`prepare_ground`), prompts and `Agent`s for the local engine (`set_up_agents`).
 
     <run>/workspaces/<agent>/   each agent's copy of the project (mode "copy")
     prompts                     the canonical trunk + each agent's suffix (swarm/trunk.py)
@@ -20,11 +21,27 @@ from swarm.harness import load_harness
 from swarm.spec import AgentSpec, SwarmSpec
 from swarm.tool_response import ToolResponseFormat
 from swarm.tools import TOOLS, ToolBox
-from swarm.trunk import PromptSet, build_prompts, trunk_source
+from swarm.trunk import PromptSet, TrunkSource, build_prompts, trunk_source
 from swarm.workspace import Workspace, prepare_workspace
 
 TURN_STOP = ["</tool_call>"]
 """A turn ends right after its tool call: the harness asks for one call per turn."""
+
+
+@dataclass(slots=True)
+class SwarmGround:
+    """What every backend starts from: the trunk's rules and tools, each agent's workspace and
+    environment, and the tools swarm runs for it."""
+
+    source: TrunkSource
+    tool_names: list[str]
+    workspaces: dict[str, Workspace]
+    environments: dict[str, Environment]
+
+    def toolbox(self, spec: SwarmSpec, agent: str) -> ToolBox:
+        names = [name for name in self.tool_names if name in TOOLS]
+        return ToolBox(self.workspaces[agent], names, allow_commands="run_command" in names,
+                       max_command_timeout=spec.run_command.timeout)
 
 
 @dataclass(slots=True)
@@ -35,23 +52,26 @@ class SwarmSetup:
     environments: dict[str, Environment]
 
 
-def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_dir: Path,
-                  emit: Callable[[AgentEvent], None]) -> SwarmSetup:
+def prepare_ground(spec: SwarmSpec, run_dir: Path) -> SwarmGround:
     source = trunk_source(load_harness(spec.harness), spec)
     tool_names = [segment.tool["function"]["name"] for segment in source.tools]
     _check_commands(spec, tool_names)
     workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
     now = datetime.now(timezone.utc)
     environments = {name: Environment.detect(ws.root, now) for name, ws in workspaces.items()}
-    prompts = build_prompts(tokenizer, source, spec.agents, environments)
+    return SwarmGround(source, tool_names, workspaces, environments)
+
+
+def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_dir: Path,
+                  emit: Callable[[AgentEvent], None]) -> SwarmSetup:
+    ground = prepare_ground(spec, run_dir)
+    prompts = build_prompts(tokenizer, ground.source, spec.agents, ground.environments)
     responses = ToolResponseFormat(tokenizer)
     limits = AgentLimits(spec.limits.max_turns, spec.limits.max_tokens, max_context)
-    agents = []
-    for index, (agent_spec, prompt) in enumerate(zip(spec.agents, prompts.agents)):
-        toolbox = _toolbox(spec, workspaces[agent_spec.name], tool_names)
-        agents.append(Agent(agent_spec.name, prompt.prompt_ids, toolbox, responses,
-                            _params(spec, index), limits, emit))
-    return SwarmSetup(prompts, agents, workspaces, environments)
+    agents = [Agent(agent_spec.name, prompt.prompt_ids, ground.toolbox(spec, agent_spec.name), responses,
+                    sampling_params(spec, index), limits, emit)
+              for index, (agent_spec, prompt) in enumerate(zip(spec.agents, prompts.agents))]
+    return SwarmSetup(prompts, agents, ground.workspaces, ground.environments)
 
 
 def first_messages(setup: SwarmSetup, spec: SwarmSpec) -> dict[str, list[dict]]:
@@ -77,13 +97,7 @@ def _check_commands(spec: SwarmSpec, tool_names: list[str]) -> None:
                         "(they could change it); set run_command.enabled: false or workspace.mode: copy")
 
 
-def _toolbox(spec: SwarmSpec, workspace: Workspace, tool_names: list[str]) -> ToolBox:
-    names = [name for name in tool_names if name in TOOLS]
-    return ToolBox(workspace, names, allow_commands="run_command" in names,
-                   max_command_timeout=spec.run_command.timeout)
-
-
-def _params(spec: SwarmSpec, index: int) -> SamplingParams:
+def sampling_params(spec: SwarmSpec, index: int) -> SamplingParams:
     """Per-turn sampling; each agent draws from its own seed, so equal tasks still diverge."""
     sampling = spec.sampling
     seed = None if sampling.seed is None else sampling.seed + index

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.config import DTYPE_BYTES, ModelConfig
+from engine.errors import SpecError
 from engine.loader import load_model_config, load_tokenizer
 from swarm.agent_context import Environment, agent_variables
 from swarm.harness import load_harness
@@ -80,6 +81,9 @@ def inspect_prefix(spec_path: str | Path, model_config: str | None = None, agent
                    budget: KvBudget | None = None, private_tokens: int | None = None,
                    references: tuple[int, ...] = REFERENCE_TRUNKS) -> PrefixReport:
     spec = load_spec(spec_path)
+    if not spec.model:
+        raise SpecError(f"{spec_path}: model: inspect-prefix renders the prompts with the model's tokenizer and "
+                        f"chat template; set model: to a local copy of {spec.backend.model!r}")
     tokenizer = load_tokenizer(spec.model)
     harness = load_harness(spec.harness)
     source = trunk_source(harness, spec)

@@ -14,13 +14,14 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 from engine.errors import ModelLoadError
 from engine.loader import resolve_model
 from engine.named_models import NAMED_MODELS
+from swarm.backend_spec import ENGINE_ONLY_KEYS, BackendSpec, read_backend
 from swarm.harness import resolve_harness
 from swarm.kv_budget import KvBudget, parse_kv_budget
 from swarm.spec_reader import SpecReader, describe, end_line_of, line_of
 from swarm.tool_schema import normalize_tool
 from swarm.workspace import WORKSPACE_MODES
 
-TOP_KEYS = ["model", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
+TOP_KEYS = ["model", "backend", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
             "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
 DTYPES = ["auto", "float16", "bfloat16", "float32"]
 DEFAULT_HARNESS = "coding-agent"
@@ -67,7 +68,11 @@ class RunCommandSpec:
 class SwarmSpec:
     path: Path
     model: str
+    """The local model; with a remote backend only `swarm inspect-prefix` reads it ("" when not given)."""
     agents: list[AgentSpec]
+    backend: BackendSpec = field(default_factory=BackendSpec)
+    ignored_keys: list[str] = field(default_factory=list)
+    """Keys the backend has no use for (the engine's own with a remote server), to note at the start."""
     device: str = "auto"
     dtype: str = "auto"
     kv_budget: KvBudget | None = None
@@ -95,10 +100,16 @@ def load_spec(path: str | Path, check_model: bool = True) -> SwarmSpec:
     """Read and validate a swarm.yaml; raise SpecError (exit code 2) with one line on any mistake."""
     reader = SpecReader(path)
     root_node = reader.load()
-    root = reader.mapping(root_node, "", TOP_KEYS, required=["model", "agents"])
+    root = reader.mapping(root_node, "", TOP_KEYS, required=["agents"])
     base = Path(path).resolve().parent
-    spec = SwarmSpec(path=Path(path), model=_model(reader, root["model"], base, check_model), agents=[])
+    backend = read_backend(reader, root["backend"]) if "backend" in root else BackendSpec()
+    if "model" not in root and not backend.is_remote:
+        raise reader.fail(root_node, "model", "missing required key")
+    model = _model(reader, root["model"], base, check_model and not backend.is_remote) if "model" in root else ""
+    spec = SwarmSpec(path=Path(path), model=model, agents=[], backend=backend)
     spec.lines = {key: (line_of(node), end_line_of(node)) for key, node in root.items()}
+    if backend.is_remote:
+        spec.ignored_keys = [key for key in ENGINE_ONLY_KEYS if key in root]
     spec.task = _task(reader, root.get("task"), "task")
     spec.agents = _agents(reader, root["agents"], spec.task)
     _read_engine_keys(reader, root, spec)
