@@ -29,6 +29,8 @@ def _register() -> None:
     app.command("bench-decode")(bench_decode_cmd.bench_decode)
     from swarm import run_cmd
     app.command("run")(run_cmd.run)
+    from swarm import serve_cmd
+    app.command("serve")(serve_cmd.serve)
 
 
 _register()

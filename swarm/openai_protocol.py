@@ -1,0 +1,162 @@
+"""The OpenAI API's request shapes (the subset swarm serves) and its error body.
+
+Fields swarm does not know are ignored, as vLLM does; fields it knows but cannot honour
+(n > 1, logprobs, penalties) are refused with a 400 that names them.
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.sampling import SamplingParams
+
+
+class ApiError(Exception):
+    """An error the client gets as `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The content as one string; only text parts exist for a text model."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ApiError(400, f"content parts of type {part.type!r} are not supported; "
+                                    "this server takes text only", param="messages")
+        return "".join(part.text for part in self.content)
+
+
+class GenerationRequest(_Request):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: Union[bool, int, None] = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise ApiError(400, "n must be 1: this server returns one choice per request", param="n")
+        if self.presence_penalty or self.frequency_penalty:
+            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            raise ApiError(400, f"{param} is not supported; leave it at 0", param=param)
+        if self.logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed, stop=self.stop_strings(),
+                              ignore_eos=self.ignore_eos)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict] | None = None
+    tool_choice: Union[str, dict, None] = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tool_choice not in (None, "auto", "none"):
+            raise ApiError(400, "tool_choice must be 'auto' or 'none'; forcing a call is not supported",
+                           param="tool_choice")
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo or self.suffix:
+            param = "echo" if self.echo else "suffix"
+            raise ApiError(400, f"{param} is not supported", param=param)
+
+    def single_prompt(self) -> Union[str, list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ApiError(400, "send one prompt per request (a string or a list of token ids)",
+                               param="prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        return prompt

@@ -1,0 +1,186 @@
+"""The HTTP routes of `swarm serve`: OpenAI's chat and completions API on one shared engine.
+
+    GET  /health                 200 while the engine loop runs
+    GET  /v1/models              the one model served
+    POST /v1/chat/completions    messages + tools -> a reply or tool calls; stream or not
+    POST /v1/completions         a prompt (text or token ids) -> text; stream or not
+    GET  /metrics                Prometheus: KV memory, sharing, prefix hits, requests, tokens
+
+Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "param", "code"}}`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from engine.async_engine import AsyncEngine
+from swarm.chat_output import OutputText
+from swarm.chat_prompt import ChatPrompter
+from swarm.openai_protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerationRequest, error_body
+from swarm.openai_responses import ClientGone, Job, generate_all, generate_events
+from swarm.server_metrics import metrics_registry
+
+log = logging.getLogger("swarm.serve")
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str
+    aliases: set[str] = field(default_factory=set)
+    trunk_tokens: int = 0
+    trunk_blocks: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def build_app(engine: AsyncEngine, model: ServedModel) -> FastAPI:
+    app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    limits = _Limits.of(engine)
+    prompter = ChatPrompter(engine.engine.tokenizer)
+    registry = metrics_registry(engine, model)
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive:
+            raise ApiError(503, "the engine loop has stopped", type="server_error")
+        return {"status": "ok", "model": model.name, "trunk_tokens": model.trunk_tokens}
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model.name, "object": "model", "created": model.created, "owned_by": "swarm",
+                "max_model_len": limits.context}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check(body, model)
+        prompt = prompter.build(body.messages, body.tools, body.tool_choice)
+        output = OutputText(engine.engine.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
+        job = _job(body, model, limits, prompt.token_ids, "messages", output, chat=True)
+        return await _answer(engine, job, body.stream, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check(body, model)
+        prompt = body.single_prompt()
+        ids = engine.engine.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else prompt
+        limits.check_token_ids(ids)
+        output = OutputText(engine.engine.tokenizer, body.stop_strings(), tool_calls=False)
+        job = _job(body, model, limits, ids, "prompt", output, chat=False)
+        return await _answer(engine, job, body.stream, request)
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+@dataclass(slots=True)
+class _Limits:
+    context: int
+    kv_tokens: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, engine: AsyncEngine) -> "_Limits":
+        llm = engine.engine
+        pool = llm.blocks.pool
+        return cls(llm.config.max_position_embeddings, pool.num_blocks * pool.block_size, llm.config.vocab_size)
+
+    def max_new_tokens(self, prompt_tokens: int, param: str) -> int:
+        """How many tokens may follow a prompt; 400 when the prompt alone does not fit."""
+        if prompt_tokens >= self.context:
+            raise ApiError(400, f"this model's maximum context length is {self.context} tokens, and the "
+                                f"{param} have {prompt_tokens}; shorten them", param=param,
+                           code="context_length_exceeded")
+        if prompt_tokens >= self.kv_tokens:
+            raise ApiError(400, f"the {param} need {prompt_tokens} tokens of KV cache and the server's pool "
+                                f"holds {self.kv_tokens}; shorten them or restart with a larger --kv-budget",
+                           param=param, code="context_length_exceeded")
+        return min(self.context, self.kv_tokens) - prompt_tokens
+
+    def check_token_ids(self, ids: list[int]) -> None:
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                           param="prompt")
+
+
+def _check(body: GenerationRequest, model: ServedModel) -> None:
+    if body.model not in model.aliases | {model.name}:
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model.name!r}",
+                       param="model", code="model_not_found")
+    body.check_supported()
+
+
+def _job(body: GenerationRequest, model: ServedModel, limits: _Limits, prompt_ids: list[int],
+         param: str, output: OutputText, chat: bool) -> Job:
+    room = limits.max_new_tokens(len(prompt_ids), param)
+    wanted = body.requested_max_tokens()
+    if wanted is not None and wanted > room:
+        raise ApiError(400, f"max_tokens is {wanted}, but after the {len(prompt_ids)} prompt tokens only {room} "
+                            "fit in the context; lower max_tokens", param="max_tokens",
+                       code="context_length_exceeded")
+    try:
+        params = body.sampling_params(wanted or room)
+    except ValueError as err:
+        raise ApiError(400, str(err)) from None
+    prefix = "chatcmpl" if chat else "cmpl"
+    return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, prompt_ids, params, output,
+               body.include_usage, chat)
+
+
+async def _answer(engine: AsyncEngine, job: Job, stream: bool, request: Request) -> Response:
+    if stream:
+        return StreamingResponse(generate_events(engine, job), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return JSONResponse(await generate_all(engine, job, request))
+    except ClientGone:
+        log.info("client of %s went away; request cancelled", job.request_id)
+        return Response(status_code=499)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, err: RequestValidationError):
+        message, param = _validation_message(err)
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        message = err.detail if err.status_code != 404 else (
+            f"no route {request.method} {request.url.path}; "
+            "this server has /v1/models, /v1/chat/completions, /v1/completions, /health and /metrics")
+        kind = "invalid_request_error" if err.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(message), kind), status_code=err.status_code, headers=err.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception):
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error"),
+                            status_code=500)
+
+
+def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
+    first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if not loc:
+        return f"the request body must be a JSON object ({first['msg']})", None
+    param = ".".join(loc)
+    return f"{param}: {first['msg']}", param
