@@ -55,6 +55,14 @@ class ToolJob:
         self.seconds = time.monotonic() - start
         return self
 
+    def run_safely(self, toolbox: ToolBox) -> "ToolJob":
+        """`run`, with a tool that raises reported to the model: never leave an agent waiting forever."""
+        try:
+            return self.run(toolbox)
+        except BaseException as err:
+            self.results = [ToolResult(call.name, False, f"error: the tool failed: {err}") for call in self.calls]
+            return self
+
     @property
     def outputs(self) -> list[str]:
         """What goes back to the model: each call's result, then each malformed call's message."""

@@ -11,6 +11,11 @@
      documenter  decoding     1    1,458  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
      reviewer-1  decoding     1    1,468  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
 
+On a remote server (`RemoteDashboard`) the header shows the server and its KV figures from its
+/metrics ("unavailable" where it has none); each agent row shows the prompt tokens the server
+found cached, in all and on the last turn, and the per-agent shared/private bytes, which only
+swarm's own engine knows, read "n/a".
+
 The loop calls `refresh()` at most 4 times a second; it only swaps in new figures. Drawing is
 done by rich's own refresh thread, which mostly overlaps the model's matrix work (torch
 releases the GIL). Measured on the example: decode steps take the same time with or without
@@ -27,6 +32,9 @@ from rich.text import Text
 
 from swarm.agent import Agent, AgentEvent, AgentState
 from swarm.kv_budget import format_bytes
+from swarm.remote_agent import RemoteAgent
+from swarm.remote_metrics import ServerMemory
+from swarm.run_view import describe_agents_cache, describe_server_cache, describe_server_kv
 from swarm.summary import RunInfo
 from swarm.swarm_memory import SwarmMemory
 
@@ -66,26 +74,96 @@ class Dashboard:
         self.tok_per_s = tok_per_s
 
     def close(self, summary: dict) -> None:
-        if self.live is not None:
-            self.live.refresh()
-            self.live.stop()
-            self.live = None
+        self._stop_live()
         memory = summary["memory"]
         self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, trunk of "
                            f"{memory['trunk_tokens']} tokens shared, {format_bytes(memory['bytes_saved'])} of KV "
                            f"saved at the peak. Transcripts and summary.json in {summary['run_dir']}",
                            highlight=False)
 
+    def _stop_live(self) -> None:
+        if self.live is not None:
+            self.live.refresh()
+            self.live.stop()
+            self.live = None
+
     def render(self) -> Group:
         """Called from rich's refresh thread: it reads the figures, never changes them."""
         if self.info is None or self.memory is None:
             return Group(*[Text(note) for note in self.notes])
         try:
-            return Group(header(self.info, self.memory, len(self.agents), self.tok_per_s,
-                                time.monotonic() - self.started, self.notes[-1:]),
-                         agent_table(self.agents, self.memory))
+            return self.frame()
         except Exception as err:  # a figure changed under us: draw it next time
             return Group(Text(f"(dashboard: {type(err).__name__}: {err})", style="dim"))
+
+    def frame(self) -> Group:
+        return Group(header(self.info, self.memory, len(self.agents), self.tok_per_s,
+                            time.monotonic() - self.started, self.notes[-1:]),
+                     agent_table(self.agents, self.memory))
+
+
+class RemoteDashboard(Dashboard):
+    """The frame of a run on a remote server."""
+
+    def frame(self) -> Group:
+        return Group(remote_header(self.info, self.memory, self.agents, self.tok_per_s,
+                                   time.monotonic() - self.started, self.notes[-1:]),
+                     remote_agent_table(self.agents))
+
+    def close(self, summary: dict) -> None:
+        self._stop_live()
+        self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, "
+                           f"{describe_agents_cache(self.agents)}. Transcripts and summary.json in "
+                           f"{summary['run_dir']}", highlight=False)
+
+
+def remote_header(info: RunInfo, server: ServerMemory, agents: list[RemoteAgent], tok_per_s: float,
+                  elapsed: float, notes: list[str]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("swarm run", f"{info.name} · {info.model} · {info.backend} server {info.base_url}")
+    grid.add_row("server KV", describe_server_kv(server))
+    grid.add_row("server cache", describe_server_cache(server))
+    grid.add_row("agents' prompts", describe_agents_cache(agents))
+    grid.add_row("throughput", f"{tok_per_s:.1f} tok/s · {elapsed:.0f} s")
+    for note in notes:
+        grid.add_row("", Text(note, style="dim"))
+    return grid
+
+
+def remote_agent_table(agents: list[RemoteAgent]) -> Table:
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for column, justify in (("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"),
+                            ("cached", "right"), ("last turn cached", "right"), ("shared", "right"),
+                            ("private", "right"), ("tok/s", "right"), ("last tool", "left"),
+                            ("cached | computed", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    now = time.monotonic()
+    scale = max([agent.last_prompt_tokens or 0 for agent in agents] + [1])
+    for agent in agents:
+        state = agent.display_state
+        turn = agent.turn if agent.ended else agent.turn + 1
+        rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
+        cached, prompt = agent.last_cached_tokens, agent.last_prompt_tokens
+        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(turn),
+                      f"{agent.context_tokens:,}", _cached_total(agent), _last_turn(cached, prompt), "n/a", "n/a",
+                      rate, agent.last_tool or "-", memory_bar(cached or 0, (prompt or 0) - (cached or 0), scale))
+    return table
+
+
+def _cached_total(agent: RemoteAgent) -> str:
+    if agent.cached_tokens_total is not None:
+        return f"{agent.cached_tokens_total:,}"
+    return "unavailable" if agent.last_prompt_tokens is not None else "-"
+
+
+def _last_turn(cached: int | None, prompt: int | None) -> str:
+    if prompt is None:
+        return "-"
+    if cached is None:
+        return "unavailable"
+    return f"{cached:,}/{prompt:,} ({cached / prompt:.0%})" if prompt else "0/0"
 
 
 def header(info: RunInfo, memory: SwarmMemory, agents: int, tok_per_s: float, elapsed: float,

@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from engine.errors import SwarmError
 from engine.llm_engine import EngineOptions, LLMEngine, StepResult
@@ -26,7 +27,6 @@ from swarm.stop_flag import StopFlag
 from swarm.summary import RunInfo, RunTimings, build_summary, write_summary
 from swarm.swarm_memory import TRUNK_REQUEST_ID, SwarmMemory
 from swarm.throughput import Throughput
-from swarm.tools import ToolResult
 from swarm.transcript import TranscriptWriter
 
 REFRESH_SECONDS = 0.25
@@ -35,6 +35,27 @@ TOOL_POLL_SECONDS = 0.05
 
 class Interrupted(Exception):
     pass
+
+
+def run_phases(phases: list[Callable[[], None]], finish: Callable[[str, str], None], stop: StopFlag) -> None:
+    """Runs the phases in order, then always `finish(status, error)`, shielded from Ctrl-C:
+    completed, interrupted (Ctrl-C), or failed (the error is re-raised after finishing)."""
+    status, error = "failed", ""
+    try:
+        for phase in phases:
+            phase()
+        status = "completed"
+    except (Interrupted, KeyboardInterrupt):
+        status = "interrupted"
+    except SwarmError as err:
+        error = str(err)
+        raise
+    except BaseException as err:
+        error = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        with stop.shielded():
+            finish(status, error)
 
 
 class SwarmRun:
@@ -61,25 +82,8 @@ class SwarmRun:
 
     def run(self) -> dict:
         """Runs to the end or to Ctrl-C; the summary is written either way and returned."""
-        status, error = "failed", ""
         self._write_summary("running")
-        try:
-            self._load()
-            self._set_up()
-            self._prefill_trunk()
-            self._run_agents()
-            status = "completed"
-        except (Interrupted, KeyboardInterrupt):
-            status = "interrupted"
-        except SwarmError as err:
-            error = str(err)
-            raise
-        except BaseException as err:
-            error = f"{type(err).__name__}: {err}"
-            raise
-        finally:
-            with self.stop.shielded():
-                self._finish(status, error)
+        run_phases([self._load, self._set_up, self._prefill_trunk, self._run_agents], self._finish, self.stop)
         return self.summary
 
     # --- phases -----------------------------------------------------------------------------
@@ -187,11 +191,7 @@ class SwarmRun:
 
     def _run_tools(self, agent: Agent, job: ToolJob) -> None:
         def work() -> None:
-            try:
-                job.run(agent.toolbox)
-            except BaseException as err:  # never leave an agent waiting forever
-                job.results = [ToolResult(call.name, False, f"error: the tool failed: {err}") for call in job.calls]
-            self.finished_tools.put((agent, job))
+            self.finished_tools.put((agent, job.run_safely(agent.toolbox)))
 
         threading.Thread(target=work, name=f"tools-{agent.name}", daemon=True).start()
 

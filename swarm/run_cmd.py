@@ -9,9 +9,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from swarm.dashboard import Dashboard
+from swarm.dashboard import Dashboard, RemoteDashboard
 from swarm.orchestrator import SwarmRun
-from swarm.run_view import PlainView, RunView
+from swarm.remote_run import RemoteSwarmRun
+from swarm.run_view import PlainView, RemotePlainView, RunView
 from swarm.spec import load_spec
 from swarm.stop_flag import StopFlag
 
@@ -31,6 +32,8 @@ def run(
 ) -> None:
     """Run a swarm: load the model once, prefill the shared prompt trunk once, and run every agent in one batched decode loop until each gives a final answer or hits a limit.
 
+    With `backend: {type: openai, base_url: ..., model: ...}` in the spec, the agents run on that OpenAI-compatible server instead (vLLM, SGLang, or `swarm serve`), every one sending the same system message and tools so the server's prefix cache hits; the dashboard shows the cached tokens and the server's /metrics.
+
     Each run writes OUT/<spec>-<time>/: agent-<name>.jsonl (every message, tool call, tool result and token count, as it happens), workspaces/<name>/ (each agent's copy of the project) and summary.json (status, end reasons, turns, tokens, timings and KV memory figures).
 
     Ctrl-C stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130. A second Ctrl-C stops at once.
@@ -38,18 +41,22 @@ def run(
     swarm_spec = load_spec(spec)
     run_dir = new_run_dir(out if out is not None else swarm_spec.out, spec)
     stream = sys.stderr if as_json else sys.stdout
-    view = make_view(stream, tui=not no_tui and stream.isatty())
+    remote = swarm_spec.backend.is_remote
+    view = make_view(stream, tui=not no_tui and stream.isatty(), remote=remote)
+    runner = RemoteSwarmRun if remote else SwarmRun
     stop = StopFlag()
     with stop.installed():
-        summary = SwarmRun(swarm_spec, run_dir, view, stop).run()
+        summary = runner(swarm_spec, run_dir, view, stop).run()
     if as_json:
         print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
     if summary["status"] == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def make_view(stream, tui: bool) -> RunView:
-    return Dashboard(Console(file=stream)) if tui else PlainView(stream)
+def make_view(stream, tui: bool, remote: bool = False) -> RunView:
+    if tui:
+        return (RemoteDashboard if remote else Dashboard)(Console(file=stream))
+    return RemotePlainView(stream) if remote else PlainView(stream)
 
 
 def new_run_dir(base: Path, spec_path: Path) -> Path:

@@ -4,6 +4,9 @@
     {"status": "completed" | "interrupted" | "failed", "run": ..., "model": ..., "device": ...,
      "timings": {...}, "tokens": {...}, "memory": {see swarm/swarm_memory.py},
      "agents": [{"name", "status", "end_reason", "turns", "generated_tokens", ...}]}
+
+A run on a remote server (swarm/remote_run.py) adds "backend" and cached-token figures, and its
+"memory" comes from the server's /metrics (swarm/remote_metrics.py), null where it has none.
 """
 from __future__ import annotations
 
@@ -13,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.agent import Agent
+from swarm.agent_progress import AgentProgress
+from swarm.remote_agent import RemoteAgent
+from swarm.remote_metrics import ServerMemory
 from swarm.swarm_memory import SwarmMemory
 from swarm.transcript import transcript_path
 
 SUMMARY_FILE = "summary.json"
+LOCAL_ONLY_MEMORY = ("block_size", "block_bytes", "bytes_per_token", "trunk_tokens", "trunk_blocks",
+                     "trunk_bytes", "peak_private_bytes", "bytes_saved")
+"""Memory figures only swarm's own engine knows; null in a remote run's summary."""
 
 
 @dataclass(slots=True)
@@ -32,6 +41,8 @@ class RunInfo:
     weight_bytes: int = 0
     trunk_sha256: str = ""
     started_at: str = ""
+    backend: str = "local"
+    base_url: str = ""
 
 
 @dataclass(slots=True)
@@ -50,27 +61,31 @@ class RunTimings:
 def build_summary(info: RunInfo, status: str, agents: list[Agent], memory: SwarmMemory,
                   timings: RunTimings, workspaces: dict[str, str], error: str = "") -> dict:
     generated = sum(agent.generated_tokens for agent in agents)
-    summary = {
-        "status": status,
-        "run": info.name,
-        "run_dir": str(info.run_dir),
-        "spec": info.spec_path,
-        "started_at": info.started_at,
-        "model": info.model,
-        "device": info.device,
-        "dtype": info.dtype,
-        "weight_bytes": info.weight_bytes,
-        "trunk_sha256": info.trunk_sha256,
-        "timings": _timings(timings),
-        "tokens": {"generated": generated,
-                   "tool_results": sum(agent.tool_tokens for agent in agents),
-                   "computed": memory.latest.tokens_computed,
-                   "decode_tok_per_s": _rate(timings.decode_tokens, timings.decode_seconds)},
-        "memory": memory.to_dict(),
-        "agents": [_agent(agent, memory, info.run_dir, workspaces.get(agent.name, "")) for agent in agents],
-    }
-    if error:
-        summary["error"] = error
+    summary = _run_fields(info, status, timings, error)
+    summary["tokens"] = {"generated": generated,
+                         "tool_results": sum(agent.tool_tokens for agent in agents),
+                         "computed": memory.latest.tokens_computed,
+                         "decode_tok_per_s": _rate(timings.decode_tokens, timings.decode_seconds)}
+    summary["memory"] = memory.to_dict()
+    summary["agents"] = [_agent(agent, memory, info.run_dir, workspaces.get(agent.name, "")) for agent in agents]
+    return summary
+
+
+def build_remote_summary(info: RunInfo, status: str, agents: list[RemoteAgent], server: ServerMemory,
+                         timings: RunTimings, workspaces: dict[str, str], error: str = "") -> dict:
+    """The same document for a run on a remote server: token figures from each turn's usage,
+    memory figures from the server's /metrics, null where the server does not give them."""
+    generated = sum(agent.generated_tokens for agent in agents)
+    prompt = sum(agent.prompt_tokens_total for agent in agents)
+    cached = [agent.cached_tokens_total for agent in agents if agent.cached_tokens_total is not None]
+    summary = _run_fields(info, status, timings, error)
+    summary["backend"] = {"type": info.backend, "base_url": info.base_url, "model": info.model}
+    summary["tokens"] = {"generated": generated, "tool_results": sum(agent.tool_tokens for agent in agents),
+                         "prompt": prompt, "cached": sum(cached) if cached else None,
+                         "computed": prompt - sum(cached) + generated if cached else None,
+                         "decode_tok_per_s": _rate(generated, timings.agents_seconds)}
+    summary["memory"] = dict.fromkeys(LOCAL_ONLY_MEMORY) | server.to_dict()
+    summary["agents"] = [_remote_agent(agent, info.run_dir, workspaces.get(agent.name, "")) for agent in agents]
     return summary
 
 
@@ -86,23 +101,46 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     return path
 
 
+def _run_fields(info: RunInfo, status: str, timings: RunTimings, error: str) -> dict:
+    fields = {"status": status, "run": info.name, "run_dir": str(info.run_dir), "spec": info.spec_path,
+              "started_at": info.started_at, "model": info.model, "device": info.device, "dtype": info.dtype,
+              "weight_bytes": info.weight_bytes, "trunk_sha256": info.trunk_sha256, "timings": _timings(timings)}
+    if error:
+        fields["error"] = error
+    return fields
+
+
 def _agent(agent: Agent, memory: SwarmMemory, run_dir: Path, workspace: str) -> dict:
     kv = memory.agents[agent.name]
+    return _agent_fields(agent, run_dir, workspace, prompt_tokens=len(agent.prompt_ids),
+                         shared_bytes=kv.peak_shared_bytes, peak_private_bytes=kv.peak_private_bytes)
+
+
+def _remote_agent(agent: RemoteAgent, run_dir: Path, workspace: str) -> dict:
+    """Per-agent KV bytes are known to the local engine only: null here; cached tokens instead."""
+    return _agent_fields(agent, run_dir, workspace, prompt_tokens=agent.prompt_tokens,
+                         shared_bytes=None, peak_private_bytes=None,
+                         prompt_tokens_total=agent.prompt_tokens_total,
+                         cached_tokens_total=agent.cached_tokens_total,
+                         first_turn_cached_tokens=agent.first_cached_tokens,
+                         last_turn_prompt_tokens=agent.last_prompt_tokens,
+                         last_turn_cached_tokens=agent.last_cached_tokens)
+
+
+def _agent_fields(agent: AgentProgress, run_dir: Path, workspace: str, **backend_fields) -> dict:
     data = {
         "name": agent.name,
         "status": agent.state.value,
         "end_reason": agent.end_reason or None,
         "turns": agent.turn,
         "tool_calls": agent.tool_calls,
-        "prompt_tokens": len(agent.prompt_ids),
         "generated_tokens": agent.generated_tokens,
         "tool_result_tokens": agent.tool_tokens,
         "context_tokens": agent.context_tokens,
         "seconds": round(agent.seconds, 3),
         "first_token_seconds": _since(agent.started_at, agent.first_token_at),
         "tool_seconds": round(agent.tool_seconds, 3),
-        "shared_bytes": kv.peak_shared_bytes,
-        "peak_private_bytes": kv.peak_private_bytes,
+        **backend_fields,
         "workspace": workspace,
         "transcript": transcript_path(run_dir, agent.name).name,
     }

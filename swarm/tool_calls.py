@@ -6,6 +6,9 @@ Two forms are understood:
     bare JSON    the whole reply is {"name": ..., "arguments": ...} ("parameters" also works),
                  optionally inside a ```json fence
 
+Servers with a tool parser (vLLM, SGLang, swarm serve) send calls apart from the text, as
+OpenAI `tool_calls`; `parse_structured_call` checks those the same way.
+
 Anything else is content: a reply of prose without a call is the model's final answer.
 A malformed call never raises; it becomes a message in `ParseResult.errors`, written for the
 model so it can fix the call on its next turn.
@@ -45,6 +48,16 @@ def parse_tool_calls(text: str) -> ParseResult:
     if "<tool_call>" in text:
         return _parse_tagged(text)
     return _parse_bare(text)
+
+
+def parse_structured_call(name: str, arguments: str, number: int = 1) -> ParseResult:
+    """A call a server already took out of the text (an OpenAI `tool_calls` entry): its name and
+    its arguments as a JSON string. One call, or one error in the same words as a text call's."""
+    raw = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    try:
+        return ParseResult(calls=[_call_from_object({"name": name, "arguments": arguments}, raw)])
+    except MalformedCall as err:
+        return ParseResult(errors=[_error_message(number, f"{name} {arguments}", err)])
 
 
 def _parse_tagged(text: str) -> ParseResult:

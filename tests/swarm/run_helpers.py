@@ -90,10 +90,12 @@ class ScriptedSampler:
     def forget(self, seq_id: int) -> None:
         self.pending.pop(seq_id, None)
 
+    def agent_of(self, seq_id: int) -> str:
+        return self.engine.live[seq_id].request_id
+
     def _next(self, seq_id: int) -> int:
         if not self.pending.get(seq_id):
-            name = self.engine.live[seq_id].request_id
-            turns = self.scripts.get(name) or ["done"]
+            turns = self.scripts.get(self.agent_of(seq_id)) or ["done"]
             text = turns.pop(0)
             tokens = self.engine.tokenizer.encode(text)
             self.pending[seq_id] = tokens if text.endswith("</tool_call>") else tokens + [EOS_ID]
