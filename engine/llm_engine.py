@@ -1,6 +1,7 @@
 """The engine loop: schedule a step, run it, sample, and decide who is done."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -192,4 +193,16 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
         raise SwarmError(f"dtype {name!r} is not supported; use one of auto, {', '.join(dtypes)}")
+    if device.type == "cpu" and not cpu_has_native(dtypes[name]):
+        warnings.warn(f"this CPU has no native {name} matrix units (AVX512-BF16/AMX), so {name} runs "
+                      "emulated and prefill is several times slower than float32; use dtype auto or float32",
+                      stacklevel=2)
     return dtypes[name]
+
+
+def cpu_has_native(dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return True

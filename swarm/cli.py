@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 import typer
@@ -38,6 +39,7 @@ _register()
 
 def main() -> None:
     """Entry point: user errors print one line and exit non-zero, never a traceback."""
+    warnings.showwarning = _one_line_warning
     try:
         code = app(standalone_mode=False)
     except click.exceptions.ClickException as err:
@@ -51,6 +53,10 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=file or sys.stderr)
 
 
 if __name__ == "__main__":
