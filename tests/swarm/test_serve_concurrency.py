@@ -1,0 +1,79 @@
+"""Many clients on one `swarm serve`: one batch for all, and a client that leaves frees its blocks."""
+import asyncio
+import time
+
+import pytest
+
+from tests.swarm.run_helpers import tiny_model
+from tests.swarm.serve_helpers import MODEL, ServerThread, metric, start_engine, wait_for
+
+GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with ServerThread(start_engine(tiny_model(tmp_path_factory.getbasetemp()))) as running:
+        yield running
+
+
+def prompt(n: int) -> list[dict]:
+    return [{"role": "system", "content": "Agents share a trunk of tokens; their suffixes differ."},
+            {"role": "user", "content": f"Task {n}: " + "def add(a, b):" * (n % 4 + 1)}]
+
+
+def test_16_concurrent_streams_decode_in_one_batch_and_each_gets_its_own_reply(server):
+    runner = server.async_engine.engine.runner
+    real_run, decode_batches = runner.run, []
+
+    def run(batch):
+        if not batch.is_prefill:
+            decode_batches.append(len(batch.seqs))
+        return real_run(batch)
+
+    async def stream(client, n: int) -> tuple[str, int]:
+        chunks = await client.chat.completions.create(model=MODEL, messages=prompt(n), max_tokens=24, stream=True,
+                                                      stream_options={"include_usage": True}, **GREEDY)
+        text, usage = "", None
+        async for chunk in chunks:
+            text += "".join(c.delta.content or "" for c in chunk.choices)
+            usage = chunk.usage or usage
+        return text, usage.completion_tokens
+
+    async def main():
+        client = server.async_client()
+        return await asyncio.gather(*(stream(client, n) for n in range(16)))
+
+    runner.run = run
+    try:
+        started = time.perf_counter()
+        streamed = asyncio.run(main())
+        wall = time.perf_counter() - started
+    finally:
+        runner.run = real_run
+    client = server.client()
+    alone = [client.chat.completions.create(model=MODEL, messages=prompt(n), max_tokens=24, **GREEDY)
+             for n in range(16)]
+    assert [text for text, _ in streamed] == [reply.choices[0].message.content for reply in alone]
+    assert all(tokens == 24 for _, tokens in streamed)
+    assert max(decode_batches) == 16
+    print(f"16 concurrent streams x 24 tokens: {wall:.2f} s")
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request_and_frees_its_blocks(server):
+    before = server.metrics()
+    client = server.client()
+    stream = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=1500, stream=True,
+                                       **GREEDY)
+    chunks = [next(stream) for _ in range(3)]
+    during = server.metrics()
+    stream.close()
+    after = wait_for(lambda: (s := server.metrics()) and metric(s, "swarm_num_requests_running") == 0 and s)
+    assert all(chunk.choices[0].finish_reason is None for chunk in chunks)
+    assert metric(during, "swarm_num_requests_running") == 1
+    assert metric(during, "swarm_kv_blocks", state="in_use") >= 1
+    assert after, "the request kept running after its client left"
+    cancelled = "swarm_requests_total"
+    assert metric(after, cancelled, finish_reason="cancelled") == metric(before, cancelled, finish_reason="cancelled") + 1
+    assert metric(after, "swarm_kv_blocks", state="in_use") == 0
+    generated = metric(after, "swarm_generation_tokens_total") - metric(before, "swarm_generation_tokens_total")
+    assert generated < 1500
