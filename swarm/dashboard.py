@@ -146,8 +146,9 @@ def remote_agent_table(agents: list[RemoteAgent]) -> Table:
         turn = agent.turn if agent.ended else agent.turn + 1
         rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
         cached, prompt = agent.last_cached_tokens, agent.last_prompt_tokens
+        context = f"{agent.context_tokens:,}" if prompt is not None else "-"  # the server has not counted it yet
         table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(turn),
-                      f"{agent.context_tokens:,}", _cached_total(agent), _last_turn(cached, prompt), "n/a", "n/a",
+                      context, _cached_total(agent), _last_turn(cached, prompt), "n/a", "n/a",
                       rate, agent.last_tool or "-", memory_bar(cached or 0, (prompt or 0) - (cached or 0), scale))
     return table
 

@@ -93,6 +93,8 @@ class RemoteAgent(AgentProgress):
 
     @property
     def context_tokens(self) -> int:
+        """The conversation as the server last counted it (prompt and reply), plus the turn in
+        flight; before the first turn's usage, only what has streamed."""
         return self.context + (self.reply.pieces if self.reply is not None else 0)
 
     def end_details(self) -> dict:

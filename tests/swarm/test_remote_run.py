@@ -19,6 +19,8 @@ from swarm.orchestrator import SwarmRun
 from swarm.remote_client import AssistantReply, ChatClient, ContextFullError, RemoteError
 from swarm.remote_run import RemoteSwarmRun
 from swarm.run_view import RemotePlainView
+from swarm.serve_cmd import pin_trunk, spec_trunk_ids
+from swarm.server_app import ServedModel
 from swarm.spec import load_spec
 from swarm.transcript import read_transcript
 from tests.swarm.run_helpers import REPO, ScriptedSampler, tiny_model, write_run_spec
@@ -72,7 +74,7 @@ def test_agents_run_on_swarm_serve_and_the_trunk_hits_its_cache(tmp_path, model,
     assert summary["tokens"]["cached"] == sum(a["cached_tokens_total"] for a in summary["agents"]) > 0
     memory = summary["memory"]
     assert memory["source"] == "swarm" and memory["available"] and memory["samples"] >= 2
-    assert memory["pool_bytes"] > 0 and memory["pool_tokens"] > 0 and memory["prefix_hit_rate"] > 0.3
+    assert memory["pool_bytes"] > 0 and memory["pool_tokens"] == served["kv_tokens"] and memory["prefix_hit_rate"] > 0.3
     assert memory["final"]["requests_running"] == 0 and memory["bytes_saved"] is None
     assert "server KV" in stderr and "came from the server's cache" in stderr
 
@@ -143,10 +145,13 @@ SCRIPTS = {
 
 
 @pytest.fixture(scope="module")
-def scripted_server(model):
+def scripted_server(tmp_path_factory, model):
+    """Served like `swarm serve SPEC`: the local run's trunk for this harness prefilled and pinned."""
     engine = start_engine(model, kv_budget_tokens=16000)
+    local_spec = load_spec(write_run_spec(tmp_path_factory.mktemp("trunk"), model))
+    trunk_tokens, trunk_blocks = pin_trunk(engine, spec_trunk_ids(local_spec, engine))
     engine.sampler = AgentScriptedSampler(engine, SCRIPTS)
-    with ServerThread(engine) as server:
+    with ServerThread(engine, ServedModel(MODEL, trunk_tokens=trunk_tokens, trunk_blocks=trunk_blocks)) as server:
         yield server
 
 
@@ -185,14 +190,15 @@ def test_the_tool_loop_runs_through_the_server(scripted_run):
     assert events[5]["output"] == "'textkit/__init__.py' is empty"
 
 
-def test_each_turn_hits_the_previous_one_in_the_servers_cache(scripted_run):
+def test_each_turn_hits_the_previous_one_and_the_first_hits_the_local_trunk(scripted_run, scripted_server):
     run, summary = scripted_run
     turns = [e for e in transcript(run, "reader") if e["event"] == "assistant"]
     for before, after in zip(turns, turns[1:]):
         assert after["prompt_tokens"] > before["prompt_tokens"]
         assert after["cached_tokens"] >= before["prompt_tokens"] - 16  # all but a partly filled block
-    for agent in summary["agents"][1:]:
-        assert agent["first_turn_cached_tokens"] > 0
+    trunk_tokens = scripted_server.served.trunk_tokens
+    for agent in summary["agents"]:  # the pinned trunk of the local run is a prefix of every prompt
+        assert agent["first_turn_cached_tokens"] >= trunk_tokens // 16 * 16 > 0
     reader = summary["agents"][0]
     assert reader["tool_result_tokens"] > 0 and reader["cached_tokens_total"] > reader["prompt_tokens"]
 

@@ -2,9 +2,10 @@
 import pytest
 
 from engine.errors import SpecError
+from swarm.backend_spec import BACKEND_KEYS
 from swarm.prefix_report import inspect_prefix
 from swarm.spec import load_spec
-from tests.swarm.spec_files import MINIMAL, load, write_spec
+from tests.swarm.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, load, write_spec
 from tests.swarm.test_spec import spec_error
 
 REMOTE = """\
@@ -70,6 +71,9 @@ def test_inspect_prefix_asks_for_a_local_model_with_a_remote_backend(tmp_path):
         inspect_prefix(write_spec(tmp_path, REMOTE))
 
 
-def test_example_spec_still_loads_with_its_commented_backend_block():
-    from tests.swarm.spec_files import EXAMPLE_SPEC
+def test_every_backend_key_is_documented_and_the_example_still_runs_locally():
+    readme, example = (REPO / "README.md").read_text(), EXAMPLE_SPEC.read_text()
+    assert "| `backend` |" in readme and "## Remote backends: vLLM, SGLang, or swarm serve" in readme
+    for key in BACKEND_KEYS:
+        assert f"| `backend.{key}` |" in readme and f"#   {key}:" in example
     assert not load_spec(EXAMPLE_SPEC).backend.is_remote

@@ -54,7 +54,7 @@ def test_remote_frame_shows_the_server_and_cached_tokens_per_agent():
     assert row.split()[:10] == ["a1", "tool", "3", "1,650", "2,400", "1,200/1,600", "(75%)", "n/a", "n/a", "0.0"]
     assert "█" in row and "▒" in row
     other = next(line for line in text.splitlines() if line.strip().startswith("a2 "))
-    assert other.split()[:8] == ["a2", "prefill", "1", "0", "-", "-", "n/a", "n/a"]
+    assert other.split()[:8] == ["a2", "prefill", "1", "-", "-", "-", "n/a", "n/a"]
 
 
 def test_without_metrics_every_server_figure_is_unavailable():
