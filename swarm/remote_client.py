@@ -20,6 +20,7 @@ from engine.sampling import SamplingParams
 from swarm.backend_spec import BackendSpec
 
 MAX_ERROR_CHARS = 240
+CHECK_TIMEOUT_SECONDS = 30.0
 _CONTEXT_FULL = re.compile(r"context length|context window|maximum context|prompt is too long", re.IGNORECASE)
 
 
@@ -108,7 +109,8 @@ class ChatClient:
     async def check_model(self) -> None:
         """Fails fast, before any agent starts, when the server is down, refuses the key or lacks the model."""
         try:
-            served = [model.id async for model in self.openai.with_options(max_retries=0).models.list()]
+            quick = self.openai.with_options(max_retries=0, timeout=CHECK_TIMEOUT_SECONDS)
+            served = [model.id async for model in quick.models.list()]
         except openai.APIError as err:
             raise self.explain(err) from None
         if served and self.backend.model not in served:
