@@ -15,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -124,8 +125,8 @@ class AsyncEngine:
                 done = item.finish_reason is not None
                 yield item
         finally:
-            if not done:
-                self._submit(lambda: self._cancel(stream))
+            if not done:  # after a shutdown nobody runs this, and nothing is left to release
+                self._commands.put(lambda: self._cancel(stream))
 
     def call(self, fn: Callable[[LLMEngine], object]) -> Future:
         """Run `fn(engine)` in the engine thread between steps; its result comes back in a Future."""
@@ -154,9 +155,15 @@ class AsyncEngine:
         self._commands.put(command)
 
     def _run(self) -> None:
-        while self._drain(block=not self.engine.has_work()):
-            if self.engine.has_work():
-                self._step()
+        running = True
+        while running:
+            try:
+                running = self._drain(block=not self.engine.has_work())
+                if running and self.engine.has_work():
+                    self._step()
+            except Exception:  # a bug here must not end the loop every request waits on
+                log.exception("engine loop error")
+                time.sleep(0.1)
         self._stopping = True
         self._drain_rest()
         for stream in list(self._streams.values()):
@@ -211,13 +218,11 @@ class AsyncEngine:
 
     def _step(self) -> None:
         try:
-            result = self.engine.step()
+            self._deliver(self.engine.step())
         except Exception as err:
             log.exception("engine step failed")
             self.counters.step_errors += 1
             self._fail_running(f"the engine step failed: {type(err).__name__}: {err}")
-            return
-        self._deliver(result)
 
     def _deliver(self, result: StepResult) -> None:
         new_tokens: dict[int, list[int]] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -24,6 +25,13 @@ from swarm.chat_output import ChatOutput, OutputText
 from swarm.openai_protocol import ApiError, error_body
 
 DONE = "data: [DONE]\n\n"
+log = logging.getLogger("swarm.serve")
+
+
+@dataclass(slots=True)
+class Finished:
+    finish_reason: str
+    num_cached_tokens: int
 
 
 @dataclass(slots=True)
@@ -39,12 +47,6 @@ class Job:
     include_usage: bool
     chat: bool
     finished: Finished | None = None
-
-
-@dataclass(slots=True)
-class Finished:
-    finish_reason: str
-    num_cached_tokens: int
 
 
 class ClientGone(Exception):
@@ -71,22 +73,31 @@ async def generate_all(engine: AsyncEngine, job: Job, request: Request) -> dict:
 
 
 async def generate_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
-    if job.chat:
-        yield _sse(_chunk(job, {"role": "assistant", "content": ""}))
+    """The response as server-sent events; a failure after the headers went out is an error event."""
     try:
-        async for piece in _pieces(engine, job):
-            yield _sse(_chunk(job, {"content": piece}) if job.chat else _chunk(job, text=piece))
+        async with aclosing(_events(engine, job)) as events:
+            async for event in events:
+                yield event
     except RequestFailed as err:
         kind = "server_error" if err.internal else "invalid_request_error"
         yield _sse(error_body(str(err), kind, code=500 if err.internal else 400))
         yield DONE
-        return
-    finished = job.finished
-    output = job.output.finish()
-    for chunk in _final_chunks(job, output, finished):
+    except Exception as err:
+        log.exception("stream %s failed", job.request_id)
+        yield _sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error", code=500))
+        yield DONE
+
+
+async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
+    if job.chat:
+        yield _sse(_chunk(job, {"role": "assistant", "content": ""}))
+    async with aclosing(_pieces(engine, job)) as pieces:
+        async for piece in pieces:
+            yield _sse(_chunk(job, {"content": piece}) if job.chat else _chunk(job, text=piece))
+    for chunk in _final_chunks(job, job.output.finish(), job.finished):
         yield _sse(chunk)
     if job.include_usage:
-        yield _sse({**_envelope(job), "choices": [], "usage": _usage(job, finished)})
+        yield _sse({**_envelope(job), "choices": [], "usage": _usage(job, job.finished)})
     yield DONE
 
 
@@ -106,8 +117,9 @@ def _note_finish(job: Job, delta: GenerationDelta) -> None:
 
 
 async def _run(engine: AsyncEngine, job: Job) -> Finished:
-    async for _ in _pieces(engine, job):
-        pass
+    async with aclosing(_pieces(engine, job)) as pieces:
+        async for _ in pieces:
+            pass
     return job.finished
 
 

@@ -139,10 +139,20 @@ def _job(body: GenerationRequest, model: ServedModel, limits: _Limits, prompt_id
                body.include_usage, chat)
 
 
+class _EventStream(StreamingResponse):
+    """Closes its events however the response ends, so a client that left cancels its request now."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 async def _answer(engine: AsyncEngine, job: Job, stream: bool, request: Request) -> Response:
     if stream:
-        return StreamingResponse(generate_events(engine, job), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _EventStream(generate_events(engine, job), media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         return JSONResponse(await generate_all(engine, job, request))
     except ClientGone:

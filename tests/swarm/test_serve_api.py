@@ -187,3 +187,10 @@ def test_a_client_that_gives_up_on_a_whole_response_cancels_it(server):
     assert samples, "the abandoned request was not cancelled"
     assert metric(samples, "swarm_num_requests_running") == 0
     assert metric(samples, "swarm_kv_blocks", state="in_use") == 0
+
+
+def test_null_fields_mean_not_given(server):
+    body = {"model": MODEL, "messages": USER, "max_tokens": 3, "temperature": None, "top_p": None, "stop": None,
+            "stream": None, "stream_options": None, "tools": None, "seed": None, "n": None}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] <= 3
