@@ -18,7 +18,7 @@ import jinja2
 
 from engine.errors import ModelLoadError
 from engine.tokenizer import Tokenizer
-from swarm.openai_protocol import ApiError, ChatMessage
+from swarm.openai_protocol import ApiError, ChatMessage, utf8_text
 from swarm.tool_response import ToolResponseFormat
 from swarm.tool_schema import canonical_json, canonical_tools
 from swarm.trunk import system_content, tokenize_with_offsets, tools_mode
@@ -88,7 +88,7 @@ class ChatPrompter:
 
     def _tokenize(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The system message alone, then the rest, as the trunk is tokenized."""
-        full = self._render(messages, tools, add_generation_prompt=True)
+        full = utf8_text(self._render(messages, tools, add_generation_prompt=True), "messages")
         if messages[0]["role"] == "system":
             system = self._render(messages[:1], tools, add_generation_prompt=False)
             if full.startswith(system):

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.sampling import SamplingParams
 
+GREEDY_BELOW = 1e-5
+"""A temperature this small is greedy (as in vLLM): dividing by it would overflow the logits."""
+
 
 class ApiError(Exception):
     """An error the client gets as `{"error": {"message", "type", "param", "code"}}`."""
@@ -26,6 +29,16 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def utf8_text(text: str, param: str) -> str:
+    """`text`, or a 400 when it holds what no tokenizer takes (an unpaired surrogate from JSON)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ApiError(400, f"the {param} contain text that is not valid Unicode ({err.reason} at "
+                            f"character {err.start})", param=param) from None
+    return text
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
@@ -90,7 +103,7 @@ class GenerationRequest(_Request):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # what torch's generators take
     stop: Union[str, list[str], None] = None
     n: int = 1
     stream: bool = False
@@ -124,7 +137,8 @@ class GenerationRequest(_Request):
             raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+        temperature = self.temperature if self.temperature >= GREEDY_BELOW else 0.0
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, stop=self.stop_strings(),
                               ignore_eos=self.ignore_eos)
 

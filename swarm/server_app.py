@@ -24,7 +24,8 @@ from starlette.exceptions import HTTPException
 from engine.async_engine import AsyncEngine
 from swarm.chat_output import OutputText
 from swarm.chat_prompt import ChatPrompter
-from swarm.openai_protocol import ApiError, ChatCompletionRequest, CompletionRequest, GenerationRequest, error_body
+from swarm.openai_protocol import (ApiError, ChatCompletionRequest, CompletionRequest, GenerationRequest,
+                                   error_body, utf8_text)
 from swarm.openai_responses import ClientGone, Job, generate_all, generate_events
 from swarm.server_metrics import metrics_registry
 
@@ -71,8 +72,10 @@ def build_app(engine: AsyncEngine, model: ServedModel) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         _check(body, model)
         prompt = body.single_prompt()
-        ids = engine.engine.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else prompt
-        limits.check_token_ids(ids)
+        if isinstance(prompt, str):
+            ids = engine.engine.tokenizer.encode(utf8_text(prompt, "prompt"), add_special_tokens=True)
+        else:
+            ids = limits.check_token_ids(prompt)
         output = OutputText(engine.engine.tokenizer, body.stop_strings(), tool_calls=False)
         job = _job(body, model, limits, ids, "prompt", output, chat=False)
         return await _answer(engine, job, body.stream, request)
@@ -108,11 +111,12 @@ class _Limits:
                            param=param, code="context_length_exceeded")
         return min(self.context, self.kv_tokens) - prompt_tokens
 
-    def check_token_ids(self, ids: list[int]) -> None:
+    def check_token_ids(self, ids: list[int]) -> list[int]:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
                            param="prompt")
+        return ids
 
 
 def _check(body: GenerationRequest, model: ServedModel) -> None:
@@ -179,18 +183,22 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(message), kind), status_code=err.status_code, headers=err.headers)
 
     @app.exception_handler(Exception)
-    async def unexpected(request: Request, err: Exception):
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
+    async def unexpected(request: Request, err: Exception):  # uvicorn logs the traceback
         return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error"),
                             status_code=500)
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _union_branch(part)]
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if not loc:
         return f"the request body must be a JSON object ({first['msg']})", None
     param = ".".join(loc)
     return f"{param}: {first['msg']}", param
+
+
+def _union_branch(part) -> bool:
+    """pydantic names the branch of a union it tried (`str`, `list[int]`); not a field a client sent."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)

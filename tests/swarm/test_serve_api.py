@@ -1,4 +1,6 @@
 """`swarm serve`'s OpenAI API over real HTTP, with the official client, on the tiny model."""
+import json
+
 import httpx
 import openai
 import pytest
@@ -113,6 +115,8 @@ def test_a_stop_string_cuts_the_text_before_it(client):
     (dict(max_tokens=0), 400, "max_tokens"),
     (dict(max_tokens=5000), 400, "max_tokens"),
     (dict(n=2), 400, "n"),
+    (dict(seed=2**70), 400, "seed"),
+    (dict(messages=[{"role": "user", "content": "\ud800"}]), 400, "messages"),
     (dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), 400, "tools"),
     (dict(tool_choice="required"), 400, "tool_choice"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
@@ -121,7 +125,8 @@ def test_a_stop_string_cuts_the_text_before_it(client):
 ])
 def test_a_bad_chat_request_gets_an_openai_error(server, request_options, status, param):
     body = {"model": MODEL, "messages": USER, "max_tokens": 4, **request_options}
-    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    response = httpx.post(server.url + "/v1/chat/completions", content=json.dumps(body),  # ASCII, as JSON allows
+                          headers={"content-type": "application/json"})
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -194,3 +199,10 @@ def test_null_fields_mean_not_given(server):
             "stream": None, "stream_options": None, "tools": None, "seed": None, "n": None}
     response = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_a_vanishing_temperature_is_greedy_not_a_failed_step(server, client):
+    greedy = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, **GREEDY)
+    tiny = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=1e-30, seed=3,
+                                          extra_body={"ignore_eos": True})
+    assert tiny.choices[0].message.content == greedy.choices[0].message.content
