@@ -1,7 +1,9 @@
-"""Which decode-attention kernels run: Triton on a GPU, plain PyTorch elsewhere.
+"""Which decode-attention kernels run: Triton on a GPU, torch's fused CPU kernel on a CPU.
 
     SWARM_ATTENTION_BACKEND   unset/auto: Triton when the device is a GPU (CUDA or ROCm
-                                          build of torch) and triton imports, else torch
+                                          build of torch) and triton imports; on a CPU,
+                                          sdpa; else torch
+                              sdpa:       torch's fused CPU attention (kernels.sdpa_attention)
                               torch:      always the PyTorch reference path
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
                                           (the interpreter, slow: for tests)
@@ -18,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import SwarmError
-from kernels import cascade_attention, paged_attention
+from kernels import cascade_attention, paged_attention, sdpa_attention
 
 BACKEND_ENV = "SWARM_ATTENTION_BACKEND"
-CHOICES = ("auto", "torch", "triton")
+CHOICES = ("auto", "torch", "sdpa", "triton")
 
 
 class AttentionBackendError(SwarmError):
@@ -41,6 +43,8 @@ class AttentionOps:
 
 TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
                          cascade_attention.prefix_attention, cascade_attention.merge_attention)
+SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
+                        sdpa_attention.prefix_attention, cascade_attention.merge_attention)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:
@@ -52,8 +56,10 @@ def attention_ops(device: torch.device) -> AttentionOps:
 @functools.cache
 def _ops_for(device_type: str, choice: str, interpreting: bool) -> AttentionOps:
     if choice not in CHOICES:
-        raise AttentionBackendError(f"{BACKEND_ENV}={choice!r} is not a backend: use torch or triton, or unset it")
+        raise AttentionBackendError(f"{BACKEND_ENV}={choice!r} is not a backend: use sdpa, torch or triton, or unset it")
     on_gpu = device_type == "cuda"
+    if choice == "sdpa" or (choice == "auto" and device_type == "cpu"):
+        return _sdpa_ops(device_type)
     if choice == "torch" or (choice == "auto" and not (on_gpu and _triton_installed())):
         return TORCH_OPS
     if not _triton_installed():
@@ -62,6 +68,13 @@ def _ops_for(device_type: str, choice: str, interpreting: bool) -> AttentionOps:
         raise AttentionBackendError(f"{BACKEND_ENV}=triton on {device_type} runs only under TRITON_INTERPRET=1 "
                                     f"(slow, for tests); unset {BACKEND_ENV} to use torch")
     return _triton_ops()
+
+
+def _sdpa_ops(device_type: str) -> AttentionOps:
+    if device_type != "cpu" or not sdpa_attention.available():
+        raise AttentionBackendError(f"{BACKEND_ENV}=sdpa needs a CPU tensor and torch's fused CPU attention "
+                                    f"(torch >= 2.3); unset {BACKEND_ENV} to pick a backend that runs here")
+    return SDPA_OPS
 
 
 def _triton_ops() -> AttentionOps:

@@ -24,16 +24,16 @@ def fresh_choice():
     backend._ops_for.cache_clear()
 
 
-def test_torch_serves_the_cpu_by_default(monkeypatch):
+def test_the_fused_cpu_kernel_serves_the_cpu_by_default_and_torch_on_request(monkeypatch):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    assert attention_ops(CPU).name == "torch"
+    assert attention_ops(CPU).name == "sdpa"
     monkeypatch.setenv(BACKEND_ENV, "torch")
     assert attention_ops(CPU).name == "torch"
 
 
 def test_an_unknown_backend_says_what_to_use(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "cuda")
-    with pytest.raises(AttentionBackendError, match="use torch or triton"):
+    with pytest.raises(AttentionBackendError, match="use sdpa, torch or triton"):
         attention_ops(CPU)
 
 
@@ -57,12 +57,14 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
                         lambda *args, **kw: shared_calls.append(1) or real_prefix_attention(*args, **kw))
     folder = str(make_tiny_model(tmp_path / "llama", "llama"))
     runs = {}
-    for name in ("torch", "triton"):
+    names = ("torch", "triton", "sdpa") if DEVICE.type == "cpu" else ("torch", "triton")
+    for name in names:
         monkeypatch.setenv(BACKEND_ENV, name)
         assert attention_ops(DEVICE).name == name
         runs[name] = greedy_swarm(LLM(folder, device=DEVICE.type, dtype="float32", kv_budget_tokens=512))
-    assert runs["triton"][0] == runs["torch"][0]
-    torch.testing.assert_close(runs["triton"][1], runs["torch"][1], atol=1e-5, rtol=1e-5)
+    for name in names[1:]:
+        assert runs[name][0] == runs["torch"][0]
+        torch.testing.assert_close(runs[name][1], runs["torch"][1], atol=1e-5, rtol=1e-5)
     assert shared_calls, "the trunk should go through the Triton shared-prefix kernel"
 
 

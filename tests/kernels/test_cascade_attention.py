@@ -1,8 +1,12 @@
-"""Shared-prefix (cascade) decode attention against the plain paged reference."""
+"""Shared-prefix (cascade) decode attention against the plain paged reference, in both
+implementations of its pieces: plain torch (cascade_attention) and the fused CPU kernel
+(sdpa_attention)."""
 import pytest
 import torch
 
-from kernels import cascade_attention, paged_attention
+from kernels import cascade_attention, paged_attention, sdpa_attention
+
+IMPLEMENTATIONS = [pytest.param(cascade_attention, id="torch"), pytest.param(sdpa_attention, id="sdpa")]
 
 BLOCK, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
 SCALE = DIM ** -0.5
@@ -20,7 +24,7 @@ def padded(tables):
     return torch.tensor([t + [0] * (width - len(t)) for t in tables])
 
 
-def cascade(q, k_cache, v_cache, tables, lens, groups):
+def cascade(q, k_cache, v_cache, tables, lens, groups, impl=cascade_attention):
     """groups: list of (rows, shared_block_count)."""
     skip = [0] * len(tables)
     for rows, shared in groups:
@@ -28,49 +32,52 @@ def cascade(q, k_cache, v_cache, tables, lens, groups):
             skip[r] = shared
     private = padded([t[s:] for t, s in zip(tables, skip)])
     private_lens = torch.tensor([n - s * BLOCK for n, s in zip(lens, skip)])
-    out, lse = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, private, private_lens, SCALE)
+    out, lse = impl.paged_decode_with_lse(q, k_cache, v_cache, private, private_lens, SCALE)
     for rows, shared in groups:
         blocks = torch.tensor(tables[rows[0]][:shared])
         k = k_cache[blocks].reshape(-1, KV_HEADS, DIM)
         v = v_cache[blocks].reshape(-1, KV_HEADS, DIM)
-        o, l = cascade_attention.prefix_attention(q[rows], k, v, SCALE)
+        o, l = impl.prefix_attention(q[rows], k, v, SCALE)
         out[rows], _ = cascade_attention.merge_attention(o, l, out[rows], lse[rows])
     return out
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_agents_at_different_lengths_sharing_a_trunk(seed):
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_agents_at_different_lengths_sharing_a_trunk(seed, impl):
     k_cache, v_cache, gen = make_pool(seed=seed)
     trunk = [5, 9, 2, 40, 41]                         # 5 full blocks shared
     tables = [trunk + [60], trunk + [61, 62], trunk + [63, 64, 65], trunk + [66]]
     lens = [21, 27, 38, 24]
     q = torch.randn(4, HEADS, DIM, generator=gen)
     expected = paged_attention.decode_attention(q, k_cache, v_cache, padded(tables), torch.tensor(lens), SCALE)
-    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 1, 2, 3], 5)])
+    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 1, 2, 3], 5)], impl)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_trunk_shared_by_only_some_rows_and_a_lone_agent():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_trunk_shared_by_only_some_rows_and_a_lone_agent(impl):
     k_cache, v_cache, gen = make_pool(seed=7)
     trunk_a, trunk_b = [1, 2, 3], [10, 11]
     tables = [trunk_a + [20], [30, 31, 32], trunk_a + [21, 22], trunk_b + [23], trunk_b + [24]]
     lens = [14, 10, 19, 9, 12]
     q = torch.randn(5, HEADS, DIM, generator=gen)
     expected = paged_attention.decode_attention(q, k_cache, v_cache, padded(tables), torch.tensor(lens), SCALE)
-    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 2], 3), ([3, 4], 2)])
+    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 2], 3), ([3, 4], 2)], impl)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_one_agent_and_a_trunk_that_ends_mid_block():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_one_agent_and_a_trunk_that_ends_mid_block(impl):
     k_cache, v_cache, gen = make_pool(seed=3)
     # the trunk's last, partly filled block was copied by each agent: only full blocks are shared
     tables = [[4, 5, 6, 50], [4, 5, 6, 51]]
     lens = [15, 14]
     q = torch.randn(2, HEADS, DIM, generator=gen)
     expected = paged_attention.decode_attention(q, k_cache, v_cache, padded(tables), torch.tensor(lens), SCALE)
-    torch.testing.assert_close(cascade(q, k_cache, v_cache, tables, lens, [([0, 1], 3)]), expected,
+    torch.testing.assert_close(cascade(q, k_cache, v_cache, tables, lens, [([0, 1], 3)], impl), expected,
                                atol=1e-5, rtol=1e-5)
-    alone = cascade(q[:1], k_cache, v_cache, tables[:1], lens[:1], [])
+    alone = cascade(q[:1], k_cache, v_cache, tables[:1], lens[:1], [], impl)
     torch.testing.assert_close(alone, expected[:1], atol=1e-5, rtol=1e-5)
 
 
@@ -88,12 +95,27 @@ def test_merge_of_a_split_softmax_is_exact_in_float32():
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
-def test_half_precision_cache_stays_within_tolerance(dtype, tol):
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_half_precision_cache_stays_within_tolerance(dtype, tol, impl):
     k_cache, v_cache, gen = make_pool(dtype=dtype, seed=11)
     tables = [[1, 2, 3, 7], [1, 2, 3, 8]]
     lens = [16, 13]
     q = torch.randn(2, HEADS, DIM, generator=gen).to(dtype)
     expected = paged_attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), padded(tables),
                                                 torch.tensor(lens), SCALE)
-    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 1], 3)])
+    out = cascade(q, k_cache, v_cache, tables, lens, [([0, 1], 3)], impl)
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+
+
+def test_sdpa_pieces_give_the_oracles_out_and_lse_including_an_empty_row():
+    k_cache, v_cache, gen = make_pool(seed=5)
+    tables = padded([[3, 4, 9], [7], [8, 2]])
+    for lens in (torch.tensor([11, 3, 6]), torch.tensor([11, 0, 6])):
+        q = torch.randn(3, HEADS, DIM, generator=gen)
+        expected = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+        got = sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    k, v = k_cache[:5].reshape(-1, KV_HEADS, DIM), v_cache[:5].reshape(-1, KV_HEADS, DIM)
+    for a, b in zip(sdpa_attention.prefix_attention(q, k, v, SCALE), cascade_attention.prefix_attention(q, k, v, SCALE)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
