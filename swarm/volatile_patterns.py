@@ -7,7 +7,6 @@ kind winning where two overlap.
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 from dataclasses import dataclass

@@ -3,7 +3,11 @@ sampler that makes the real engine "generate" scripted text."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,6 +76,22 @@ def write_run_spec(folder: Path, model: Path, agents: int | list[dict] = 3, max_
         out: runs
         """))
     return spec
+
+
+def interrupt_once_decoding(args: list[str], env: dict, agents: int = 2) -> tuple[int, str, str]:
+    """Start `python ARGS`, send SIGINT once `agents` agents have prefilled (are decoding), and
+    return its exit code, stdout and stderr."""
+    process = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    decoding = 0
+    for line in process.stdout:
+        decoding += "prefilled" in line
+        if decoding == agents:
+            break
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    return process.returncode, stdout, stderr
 
 
 class ScriptedSampler:

@@ -4,10 +4,7 @@ turns, so the tool loop runs through the HTTP API too."""
 import asyncio
 import json
 import re
-import signal
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -23,7 +20,7 @@ from swarm.serve_cmd import pin_trunk, spec_trunk_ids
 from swarm.server_app import ServedModel
 from swarm.spec import load_spec
 from swarm.transcript import read_transcript
-from tests.swarm.run_helpers import REPO, ScriptedSampler, tiny_model, write_run_spec
+from tests.swarm.run_helpers import ScriptedSampler, interrupt_once_decoding, tiny_model, write_run_spec
 from tests.swarm.serve_helpers import MODEL, ServerThread, metric, parse_metrics, serve_cli, start_engine, wait_for
 from tests.swarm.test_run_cmd import ENV, swarm
 
@@ -82,17 +79,8 @@ def test_agents_run_on_swarm_serve_and_the_trunk_hits_its_cache(tmp_path, model,
 def test_sigint_cancels_the_requests_on_the_server_and_exits_130(tmp_path, model, served):
     spec = remote_spec(tmp_path, model, served["url"], served["model"], agents=2, max_tokens=900,
                        temperature=0, max_turns=30)
-    process = subprocess.Popen([sys.executable, "-m", "swarm", "run", str(spec), "--no-tui"], cwd=REPO, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    decoding = 0
-    for line in process.stdout:  # wait until both agents stream tokens
-        decoding += "prefilled" in line
-        if decoding == 2:
-            break
-    time.sleep(0.3)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    code, stdout, stderr = interrupt_once_decoding(["-m", "swarm", "run", str(spec), "--no-tui"], ENV)
+    assert code == 130, stderr
     assert "Traceback" not in stderr and "swarm: interrupted:" in stdout
     summary = json.loads((run_dir_of(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "interrupted"

@@ -1,15 +1,13 @@
 """`swarm run` as a user runs it: a subprocess on a tiny random model."""
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from swarm.transcript import read_transcript
-from tests.swarm.run_helpers import REPO, tiny_model, write_run_spec
+from tests.swarm.run_helpers import REPO, interrupt_once_decoding, tiny_model, write_run_spec
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -63,17 +61,8 @@ main()
 
 def test_sigint_stops_cleanly_with_exit_code_130(tmp_path, model):
     spec = write_run_spec(tmp_path, model, agents=2, max_tokens=1000, max_turns=30, temperature=0)
-    process = subprocess.Popen([sys.executable, "-c", SLOW_SWARM, "run", str(spec), "--no-tui"], cwd=REPO, env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    decoding = 0
-    for line in process.stdout:  # wait until both agents are decoding
-        decoding += "prefilled" in line
-        if decoding == 2:
-            break
-    time.sleep(0.3)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    code, stdout, stderr = interrupt_once_decoding(["-c", SLOW_SWARM, "run", str(spec), "--no-tui"], ENV)
+    assert code == 130, stderr
     [run_dir] = run_dirs(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
