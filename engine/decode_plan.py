@@ -1,8 +1,9 @@
-"""Which decode rows share a trunk, worked out once per step from the block tables.
+"""Which rows of a step share a trunk, worked out once per step from the block tables.
 
 Rows whose tables begin with the same block ids share those blocks' KV (the blocks are
 read-only while shared). Their attention reads the shared prefix once for the whole group
 (`kernels.cascade_attention`), then each row's private remainder through paged attention.
+Prefill does the same for prompts that continue one cached trunk (`kernels.cascade_prefill`).
 """
 from __future__ import annotations
 
@@ -67,3 +68,22 @@ def _shared_prefix(blocks: list[int], rows: list[int], device) -> SharedPrefix:
     consecutive = blocks == list(range(blocks[0], blocks[0] + len(blocks)))
     ids = None if consecutive else torch.tensor(blocks, dtype=torch.long, device=device)
     return SharedPrefix(torch.tensor(rows, dtype=torch.long, device=device), blocks[0], ids, len(blocks))
+
+
+def plan_prefill(tables: list[list[int]], starts: list[int], query_lens: list[int], block_size: int,
+                 device: torch.device, min_prefix_tokens: int = MIN_PREFIX_TOKENS) -> list[tuple[list[int], SharedPrefix]]:
+    """Prompts in one prefill batch whose tables begin with the same blocks, already computed for
+    all of them (before each one's new tokens): (their batch positions, the prefix, whose `rows`
+    are their new tokens' rows in the packed batch)."""
+    offsets = [0]
+    for n in query_lens:
+        offsets.append(offsets[-1] + n)
+    groups = []
+    for seqs in _groups_by_first_block(tables):
+        shared = min(min(common_prefix(tables[seqs[0]], tables[i]) for i in seqs[1:]),
+                     min(starts[i] // block_size for i in seqs))
+        if shared * block_size < min_prefix_tokens:
+            continue
+        rows = [row for i in seqs for row in range(offsets[i], offsets[i + 1])]
+        groups.append((seqs, _shared_prefix(tables[seqs[0]][:shared], rows, device)))
+    return groups

@@ -15,7 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import paged_attention
+from kernels import cascade_prefill, paged_attention
 from kernels.backend import AttentionOps, attention_ops
 
 
@@ -29,6 +29,7 @@ class AttentionBatch:
     query_lens: list[int]                      # new tokens per sequence
     block_tables: list[torch.Tensor] | None = None  # prefill: each sequence's blocks
     decode_plan: DecodePlan | None = None      # decode: the shared-prefix split
+    prefill_groups: list | None = None         # prefill: prompts continuing one cached trunk
 
 
 FEW_ROWS = 64
@@ -126,7 +127,10 @@ class Attention(nn.Module):
         k_cache, v_cache = kv.layers[self.layer_index]
         ops = attention_ops(q.device)
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        if batch.is_prefill:
+        if batch.is_prefill and batch.prefill_groups:
+            out = cascade_prefill.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
+                                                    batch.query_lens, batch.prefill_groups, self.scale, _prefix_kv)
+        elif batch.is_prefill:
             out = paged_attention.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                                     batch.query_lens, self.scale)
         else:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
-from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode
+from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode, plan_prefill
 from engine.errors import ModelLoadError
 from engine.kv_cache import KVCache
 from engine.model import AttentionBatch, CausalLM, RotaryEmbedding
 from engine.scheduler import ScheduledBatch
+from kernels.backend import attention_ops
 
 
 def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
@@ -75,6 +76,11 @@ class ModelRunner:
         attention = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new))
         if batch.is_prefill:
             attention.block_tables = [as_tensor(seq.block_table) for seq in batch.seqs]
+            if attention_ops(self.device).name == "sdpa" and len(batch.seqs) > 1:
+                starts = [seq.num_computed_tokens for seq in batch.seqs]
+                attention.prefill_groups = plan_prefill([seq.block_table for seq in batch.seqs], starts,
+                                                        list(batch.num_new), block_size, self.device,
+                                                        self.min_prefix_tokens)
         else:
             attention.decode_plan = plan_decode([seq.block_table for seq in batch.seqs], context_lens,
                                                 block_size, self.device, self.min_prefix_tokens)

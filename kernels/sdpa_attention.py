@@ -56,3 +56,24 @@ def _flash(q, k, v, mask, scale):
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, False, attn_mask=mask, scale=scale)[:2]
     return out, lse
+
+
+def causal_tail_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal attention of the last `len(q)` positions of a span over the whole span, with lse.
+
+    q: [qlen, heads, dim]; k, v: [span, kv_heads, dim], the keys from some position on (what
+    comes before is attended elsewhere and merged by log-sum-exp). Query j sits at span - qlen + j.
+    """
+    qlen, heads, dim = q.shape
+    span, kv_heads = k.shape[0], k.shape[1]
+    groups = heads // kv_heads
+    qg = q.view(qlen, kv_heads, groups, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, qlen * groups, dim)
+    positions = torch.arange(span - qlen, span, device=q.device).repeat_interleave(groups)
+    mask = torch.zeros(qlen * groups, span, dtype=q.dtype, device=q.device)
+    mask.masked_fill_(torch.arange(span, device=q.device)[None, :] > positions[:, None], float("-inf"))
+    kh = k.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
+    vh = v.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
+    out, lse = _flash(qg, kh, vh, mask[None, None], scale)
+    out = out.view(kv_heads, qlen, groups, dim).permute(1, 0, 2, 3).reshape(qlen, heads, dim)
+    lse = lse.view(kv_heads, qlen, groups).permute(1, 0, 2).reshape(qlen, heads)
+    return out.float(), lse.float()

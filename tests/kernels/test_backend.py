@@ -55,6 +55,12 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
     real_prefix_attention = triton_attention.prefix_attention
     monkeypatch.setattr(triton_attention, "prefix_attention",
                         lambda *args, **kw: shared_calls.append(1) or real_prefix_attention(*args, **kw))
+    from kernels import cascade_prefill
+
+    shared_prefills = []
+    real_prefill = cascade_prefill.prefill_attention
+    monkeypatch.setattr(cascade_prefill, "prefill_attention",
+                        lambda *args, **kw: shared_prefills.append(1) or real_prefill(*args, **kw))
     folder = str(make_tiny_model(tmp_path / "llama", "llama"))
     runs = {}
     names = ("torch", "triton", "sdpa") if DEVICE.type == "cpu" else ("torch", "triton")
@@ -66,6 +72,7 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
         assert runs[name][0] == runs["torch"][0]
         torch.testing.assert_close(runs[name][1], runs["torch"][1], atol=1e-5, rtol=1e-5)
     assert shared_calls, "the trunk should go through the Triton shared-prefix kernel"
+    assert shared_prefills or DEVICE.type != "cpu", "on sdpa, the suffixes should read the cached trunk together"
 
 
 def greedy_swarm(llm: LLM, agents: int = 3, steps: int = 4):
