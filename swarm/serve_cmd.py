@@ -46,6 +46,10 @@ def serve(
     served_model_name: str = typer.Option(None, "--served-model-name", show_default=False,
                                           help="The model id clients send and /v1/models lists. "
                                                "Default: the model as given."),
+    api_key: str = typer.Option(None, "--api-key", envvar="SWARM_API_KEY", show_default=False,
+                                help="Ask /v1/* requests for `Authorization: Bearer KEY` (401 otherwise); /health "
+                                     "and /metrics stay open. Prefer the SWARM_API_KEY variable: a command "
+                                     "line is visible to other users."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: debug, info, warning, error."),
     as_json: bool = typer.Option(False, "--json", help="Print the ready line as one JSON object."),
 ) -> None:
@@ -53,13 +57,13 @@ def serve(
 
     Every client's requests go into one engine: prompts that start alike (the same system prompt and tools, in any order) share their KV blocks, and all requests decode in one batch. usage.prompt_tokens_details.cached_tokens says how much of each prompt came from the cache.
 
-    Example: swarm serve --model smollm2-135m-instruct --port 8000, then point any OpenAI client at http://127.0.0.1:8000/v1 (any api_key).
+    Example: swarm serve --model smollm2-135m-instruct --port 8000, then point any OpenAI client at http://127.0.0.1:8000/v1 (any api_key, unless --api-key or SWARM_API_KEY sets one).
     """
     swarm_spec = _load_spec(spec) if spec is not None else None
     settings = _settings(swarm_spec, model, device, dtype, kv_budget)
     listener = bind(host, port)
     try:
-        _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json)
+        _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key)
     finally:
         listener.close()
 
@@ -81,7 +85,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, log_level: str,
-           as_json: bool) -> None:
+           as_json: bool, api_key: str | None = None) -> None:
     import uvicorn
 
     from engine.async_engine import AsyncEngine
@@ -96,7 +100,7 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))
     async_engine = AsyncEngine(engine).start()
     try:
-        app = build_app(async_engine, served)
+        app = build_app(async_engine, served, api_key)
         _announce(listener, engine, served, as_json)
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3)
         uvicorn.Server(config).run(sockets=[listener])

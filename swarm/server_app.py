@@ -10,6 +10,7 @@ Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "par
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 import uuid
@@ -41,9 +42,11 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def build_app(engine: AsyncEngine, model: ServedModel) -> FastAPI:
+def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
+    if api_key:
+        _require_key(app, api_key)
     limits = _Limits.of(engine)
     prompter = ChatPrompter(engine.engine.tokenizer)
     registry = metrics_registry(engine, model)
@@ -162,6 +165,20 @@ async def _answer(engine: AsyncEngine, job: Job, stream: bool, request: Request)
     except ClientGone:
         log.info("client of %s went away; request cancelled", job.request_id)
         return Response(status_code=499)
+
+
+def _require_key(app: FastAPI, api_key: str) -> None:
+    """/v1/* asks for `Authorization: Bearer <key>`, as OpenAI and vLLM do; /health and /metrics stay open."""
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        given = request.headers.get("authorization", "").encode()
+        if request.url.path.startswith("/v1") and not hmac.compare_digest(given, expected):
+            body = error_body("missing or wrong API key: send the key swarm serve was started with as "
+                              "`Authorization: Bearer <key>`", "invalid_request_error", code="invalid_api_key")
+            return JSONResponse(body, status_code=401)
+        return await call_next(request)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

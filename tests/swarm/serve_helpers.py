@@ -3,6 +3,7 @@ and a sampler that makes the real engine "generate" scripted replies."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,12 +29,12 @@ MODEL = "tiny"
 class ServerThread:
     """uvicorn serving `build_app` in a thread, on a port the OS picks."""
 
-    def __init__(self, engine: LLMEngine, model: ServedModel | None = None):
+    def __init__(self, engine: LLMEngine, model: ServedModel | None = None, api_key: str | None = None):
         self.async_engine = AsyncEngine(engine).start()
         self.served = model or ServedModel(MODEL)
         self.listener = bind("127.0.0.1", 0)
         self.port = self.listener.getsockname()[1]
-        config = uvicorn.Config(build_app(self.async_engine, self.served), log_level="warning",
+        config = uvicorn.Config(build_app(self.async_engine, self.served, api_key), log_level="warning",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
@@ -42,8 +43,8 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def client(self, **options) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **options)
+    def client(self, api_key: str = "unused", **options) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **options)
 
     def async_client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
@@ -113,10 +114,11 @@ class ReplySampler:
 
 
 @contextmanager
-def serve_cli(*args: str, timeout: float = 60):
+def serve_cli(*args: str, timeout: float = 60, env: dict | None = None):
     """`swarm serve ARGS --port 0 --json` as a subprocess; yields (ready info, process)."""
     command = [sys.executable, "-m", "swarm", "serve", *args, "--port", "0", "--json", "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **(env or {})})
     try:
         line = _read_line(process, timeout)
         assert line, f"swarm serve printed no ready line; stderr: {process.stderr.read()}"

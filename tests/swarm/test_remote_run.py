@@ -211,3 +211,20 @@ def test_the_servers_refusals_become_errors_that_say_what_to_fix(scripted_server
         asyncio.run(ask("qwen", 8))
     with pytest.raises(ContextFullError, match="no longer fits the model's context \\(max_tokens is 5000"):
         asyncio.run(ask(MODEL, 5000))
+
+
+def test_a_keyed_swarm_serve_takes_the_key_from_the_variable_the_spec_names(tmp_path, model, monkeypatch, capsys):
+    with ServerThread(start_engine(model), api_key="s3cret") as keyed:
+        spec = remote_spec(tmp_path, model, keyed.url + "/v1", MODEL, agents=2, max_tokens=8)
+        spec.write_text(spec.read_text() + "  api_key_env: SWARM_TEST_KEY\n")
+        monkeypatch.setattr(sys, "argv", ["swarm", "run", str(spec), "--no-tui"])
+        monkeypatch.setenv("SWARM_TEST_KEY", "wrong")
+        with pytest.raises(SystemExit) as refused:
+            main()
+        stderr = capsys.readouterr().err.strip()
+        assert refused.value.code == 1 and stderr.count("\n") == 0, stderr
+        assert stderr == f"error: {keyed.url}/v1 refused the API key (401): set $SWARM_TEST_KEY to the server's key"
+        monkeypatch.setenv("SWARM_TEST_KEY", "s3cret")
+        with pytest.raises(SystemExit) as accepted:
+            main()
+        assert accepted.value.code == 0, capsys.readouterr().err

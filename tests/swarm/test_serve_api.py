@@ -206,3 +206,16 @@ def test_a_vanishing_temperature_is_greedy_not_a_failed_step(server, client):
     tiny = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=1e-30, seed=3,
                                           extra_body={"ignore_eos": True})
     assert tiny.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_an_api_key_guards_v1_and_leaves_health_and_metrics_open(model_dir):
+    with ServerThread(start_engine(model_dir), api_key="s3cret") as keyed:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            keyed.client(api_key="wrong").chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+        assert refused.value.code == "invalid_api_key" and "Bearer" in refused.value.message
+        bare = httpx.post(keyed.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+        assert bare.status_code == 401 and bare.json()["error"]["type"] == "invalid_request_error"
+        reply = keyed.client(api_key="s3cret").chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+        assert reply.usage.completion_tokens == 2
+        assert httpx.get(keyed.url + "/health").status_code == 200
+        assert httpx.get(keyed.url + "/metrics").status_code == 200

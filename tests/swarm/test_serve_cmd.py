@@ -130,3 +130,11 @@ async def wait_for_async(probe, timeout: float = 20.0):
             return found
         await asyncio.sleep(0.05)
     raise AssertionError("the server never reached the expected state")
+
+
+def test_swarm_api_key_from_the_environment_guards_the_api(model_dir):
+    with serve_cli("--model", str(model_dir), "--device", "cpu", env={"SWARM_API_KEY": "k-123"}) as (info, _):
+        assert httpx.get(info["url"] + "/models").status_code == 401
+        keyed = httpx.get(info["url"] + "/models", headers={"Authorization": "Bearer k-123"})
+        assert keyed.status_code == 200 and keyed.json()["data"][0]["id"] == info["model"]
+        assert httpx.get(info["url"].removesuffix("/v1") + "/health").status_code == 200
