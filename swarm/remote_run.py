@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from swarm.agent_context import agent_variables, fill, first_user_message
+from swarm.agent_context import first_user_message
 from swarm.agent_progress import AgentEvent
 from swarm.agent_setup import SwarmGround, prepare_ground, sampling_params
 from swarm.orchestrator import Interrupted, run_phases
@@ -32,6 +32,7 @@ from swarm.stop_flag import StopFlag
 from swarm.summary import RunInfo, RunTimings, build_remote_summary, write_summary
 from swarm.tool_schema import canonical_json
 from swarm.transcript import TranscriptWriter
+from swarm.trunk import agent_rules_text
 
 REFRESH_SECONDS = 0.25
 METRICS_SECONDS = 1.0
@@ -89,8 +90,7 @@ class RemoteSwarmRun:
         rules = [segment.text for segment in ground.source.rules]
         for index, agent_spec in enumerate(self.spec.agents):
             environment = ground.environments[agent_spec.name]
-            variables = agent_variables(agent_spec, environment)
-            messages = [{"role": "system", "content": "\n\n".join(fill(rule, variables).strip() for rule in rules)},
+            messages = [{"role": "system", "content": agent_rules_text(rules, agent_spec, environment)},
                         {"role": "user", "content": first_user_message(agent_spec, environment)}]
             self.agents.append(RemoteAgent(agent_spec.name, messages, tools, ground.toolbox(self.spec, agent_spec.name),
                                            sampling_params(self.spec, index), self.spec.limits, self._on_event))

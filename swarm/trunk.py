@@ -133,8 +133,7 @@ def tools_block(tools: list[dict]) -> str:
 
 def _agent_prompt(tokenizer: Tokenizer, rules: list[str], tools: list[dict], mode: str,
                   agent: AgentSpec, env: Environment) -> AgentPrompt:
-    variables = agent_variables(agent, env)
-    content = _content([fill(rule, variables) for rule in rules], tools, mode)
+    content = system_content(agent_rules_text(rules, agent, env), tools, mode)
     system_text = _render(tokenizer, content, tools, mode)
     full_text = _render(tokenizer, content, tools, mode, user=first_user_message(agent, env))
     if not full_text.startswith(system_text):
@@ -182,7 +181,18 @@ def tokenize_with_offsets(tokenizer: Tokenizer, text: str,
 
 
 def _content(rules: list[str], tools: list[dict], mode: str) -> str:
-    return system_content("\n\n".join(rule.strip() for rule in rules), tools, mode)
+    return system_content(rules_text(rules), tools, mode)
+
+
+def rules_text(rules: list[str]) -> str:
+    """The rules as the system message states them: each stripped, a blank line apart."""
+    return "\n\n".join(rule.strip() for rule in rules)
+
+
+def agent_rules_text(rules: list[str], agent: AgentSpec, env: Environment) -> str:
+    """One agent's rules text, its {{ variables }} filled in. Local trunks and the system message
+    sent to a remote server both come from here, so they stay byte-identical."""
+    return rules_text([fill(rule, agent_variables(agent, env)) for rule in rules])
 
 
 def system_content(text: str, tools: list[dict], mode: str) -> str:
