@@ -22,16 +22,7 @@ def available() -> bool:
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """q: [batch, heads, dim]; k, v: [prefix_len, kv_heads, dim] -> out (float32), lse."""
-    batch, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    groups = heads // kv_heads
-    qg = q.view(batch, kv_heads, groups, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, batch * groups, dim)
-    kh = k.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
-    vh = v.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
-    out, lse = _flash(qg, kh, vh, None, scale)
-    out = out.view(kv_heads, batch, groups, dim).permute(1, 0, 2, 3).reshape(batch, heads, dim)
-    lse = lse.view(kv_heads, batch, groups).permute(1, 0, 2).reshape(batch, heads)
-    return out.float(), lse.float()
+    return _rows_attention(q, k, v, None, scale)
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -64,16 +55,25 @@ def causal_tail_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     q: [qlen, heads, dim]; k, v: [span, kv_heads, dim], the keys from some position on (what
     comes before is attended elsewhere and merged by log-sum-exp). Query j sits at span - qlen + j.
     """
-    qlen, heads, dim = q.shape
-    span, kv_heads = k.shape[0], k.shape[1]
-    groups = heads // kv_heads
-    qg = q.view(qlen, kv_heads, groups, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, qlen * groups, dim)
-    positions = torch.arange(span - qlen, span, device=q.device).repeat_interleave(groups)
-    mask = torch.zeros(qlen * groups, span, dtype=q.dtype, device=q.device)
+    qlen, heads = q.shape[:2]
+    span, kv_heads = k.shape[:2]
+    positions = torch.arange(span - qlen, span, device=q.device).repeat_interleave(heads // kv_heads)
+    mask = torch.zeros(len(positions), span, dtype=q.dtype, device=q.device)
     mask.masked_fill_(torch.arange(span, device=q.device)[None, :] > positions[:, None], float("-inf"))
+    return _rows_attention(q, k, v, mask, scale)
+
+
+def _rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    """Rows q [rows, heads, dim] over one key set k, v [keys, kv_heads, dim], in one kernel call:
+    each KV head's query heads, over all rows, become its query rows (row-major, then head).
+    mask: [rows * groups, keys] additive, or None."""
+    rows, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    qg = q.view(rows, kv_heads, groups, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, rows * groups, dim)
     kh = k.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
     vh = v.permute(1, 0, 2).unsqueeze(0).to(q.dtype)
-    out, lse = _flash(qg, kh, vh, mask[None, None], scale)
-    out = out.view(kv_heads, qlen, groups, dim).permute(1, 0, 2, 3).reshape(qlen, heads, dim)
-    lse = lse.view(kv_heads, qlen, groups).permute(1, 0, 2).reshape(qlen, heads)
+    out, lse = _flash(qg, kh, vh, None if mask is None else mask[None, None], scale)
+    out = out.view(kv_heads, rows, groups, dim).permute(1, 0, 2, 3).reshape(rows, heads, dim)
+    lse = lse.view(kv_heads, rows, groups).permute(1, 0, 2).reshape(rows, heads)
     return out.float(), lse.float()
