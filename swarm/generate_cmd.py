@@ -40,6 +40,7 @@ def generate(
 ) -> None:
     """Generate text for one prompt, streaming it as it is decoded."""
     from engine.llm_engine import EngineOptions, LLMEngine
+    from swarm.chat_output import OutputText
 
     engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype))
     tokenizer = engine.tokenizer
@@ -49,10 +50,11 @@ def generate(
     ids = tokenizer.encode(text, add_special_tokens=True)
     params = _params(max_tokens, temperature, top_p, top_k, seed)
     seq = engine.add_request(ids, params)
-    started, printed = time.perf_counter(), ""
+    started, output = time.perf_counter(), OutputText(tokenizer, stop=[], tool_calls=False)
     while not seq.is_finished:
         engine.step()
-        printed = _stream(tokenizer.decode(seq.output_token_ids), printed)
+        sys.stdout.write(output.add(seq.output_token_ids[len(output.token_ids):]))
+        sys.stdout.flush()
     elapsed = time.perf_counter() - started
     print(file=sys.stdout, flush=True)
     print(f"[{seq.num_output_tokens} tokens, {seq.num_output_tokens / elapsed:.1f} tok/s, "
@@ -67,11 +69,3 @@ def _params(max_tokens, temperature, top_p, top_k, seed):
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     except ValueError as err:
         raise SwarmError(str(err)) from None
-
-
-def _stream(text: str, printed: str) -> str:
-    if text.endswith("\ufffd"):
-        return printed
-    sys.stdout.write(text[len(printed):])
-    sys.stdout.flush()
-    return text
