@@ -26,6 +26,7 @@ from engine.config import MODEL_TYPES
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.gguf_tokenizer import end_token_ids, tokenizer_from_metadata
 from engine.tokenizer import Tokenizer
+from kernels.quant_matmul import QuantizedWeight, from_gguf_blocks
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -99,9 +100,7 @@ class GGUFHeader:
 
     def read(self, entry: TensorEntry) -> np.ndarray:
         """One tensor as float32 in its torch shape, owning its memory (not a view of the file)."""
-        block, block_bytes = GGML_QUANT_SIZES[entry.qtype]
-        rows = (*entry.shape[:-1], entry.shape[-1] // block * block_bytes)
-        raw = np.frombuffer(self.blob, np.uint8, entry.nbytes, entry.start).reshape(rows)
+        raw = self.raw_blocks(entry)
         try:
             values = dequantize(raw, entry.qtype)
         except NotImplementedError:
@@ -110,6 +109,12 @@ class GGUFHeader:
         if entry.qtype == GGMLQuantizationType.F32:
             values = values.copy()  # dequantize returns F32 as a view of the file
         return values.reshape(entry.shape)
+
+    def raw_blocks(self, entry: TensorEntry) -> np.ndarray:
+        """A tensor's bytes as stored, one row of blocks per row of the weight (a view of the file)."""
+        block, block_bytes = GGML_QUANT_SIZES[entry.qtype]
+        rows = (*entry.shape[:-1], entry.shape[-1] // block * block_bytes)
+        return np.frombuffer(self.blob, np.uint8, entry.nbytes, entry.start).reshape(rows)
 
 
 def read_gguf_config(path: str | Path) -> dict:
@@ -144,21 +149,38 @@ def read_gguf_config(path: str | Path) -> dict:
 
 def read_gguf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every weight dequantized to float32, under its Hugging Face name and in its [out, in] shape."""
-    header = read_gguf_header(path)
-    permuted = header.family in PERMUTED_FAMILIES
-    heads = header.arch_count("attention.head_count")
-    kv_heads = header.arch_count("attention.head_count_kv", heads)
+    header = _model_header(path)
     weights_in_file = [name for name in header.tensors if name != ROPE_FACTORS]  # that one is rope_scaling
     hf_names = {name: _hf_name(header, name) for name in weights_in_file}  # all checked before any work
     weights = {}
     for name, hf_name in hf_names.items():
         values = torch.from_numpy(header.read(header.tensors[name]))
-        if permuted and ".attn_q." in name:
-            values = _unpermute_rotary_rows(header, name, values, heads)
-        if permuted and ".attn_k." in name:
-            values = _unpermute_rotary_rows(header, name, values, kv_heads)
-        weights[hf_name] = values
+        order = _rotary_row_order(header, name, values.shape[0])
+        weights[hf_name] = values if order is None else values[order]
     return weights
+
+
+def read_gguf_quantized(path: str | Path) -> dict[str, QuantizedWeight]:
+    """The matrices stored in a block format the quantized decode kernel reads (Q4_0, Q4_1, Q8_0),
+    as stored, under their Hugging Face names; the rest are left out."""
+    header = _model_header(path)
+    quantized = {}
+    for name, entry in header.tensors.items():
+        if name == ROPE_FACTORS or len(entry.shape) != 2:
+            continue
+        weight = from_gguf_blocks(header.raw_blocks(entry), entry.qtype)
+        if weight is None:
+            continue
+        order = _rotary_row_order(header, name, entry.shape[0])
+        quantized[_hf_name(header, name)] = weight if order is None else weight.rows(order)
+    return quantized
+
+
+def _model_header(path: str | Path) -> GGUFHeader:
+    """The header of a file whose architecture this engine runs: reading `family` refuses the others."""
+    header = read_gguf_header(path)
+    header.family
+    return header
 
 
 def read_gguf_tokenizer(path: str | Path) -> Tokenizer:
@@ -349,11 +371,16 @@ def _hf_name(header: GGUFHeader, name: str) -> str:
     return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
 
 
-def _unpermute_rotary_rows(header: GGUFHeader, name: str, weight: torch.Tensor, heads: int) -> torch.Tensor:
+def _rotary_row_order(header: GGUFHeader, name: str, rows: int) -> torch.Tensor | None:
     """convert_hf_to_gguf reorders each head's q/k rows from Hugging Face's rotate-half layout to
-    llama.cpp's interleaved pairs: rows (0..d/2, d/2..d) become (0, d/2, 1, d/2+1, ...). Undo it."""
-    if weight.shape[0] % (2 * heads):
-        raise ModelLoadError(f"{header.path}: tensor {name} has {weight.shape[0]} rows, which {heads} heads "
+    llama.cpp's interleaved pairs: rows (0..d/2, d/2..d) become (0, d/2, 1, d/2+1, ...). The row
+    order that undoes it, or None for a tensor that was not reordered."""
+    if header.family not in PERMUTED_FAMILIES or not (".attn_q." in name or ".attn_k." in name):
+        return None
+    heads = header.arch_count("attention.head_count")
+    if ".attn_k." in name:
+        heads = header.arch_count("attention.head_count_kv", heads)
+    if rows % (2 * heads):
+        raise ModelLoadError(f"{header.path}: tensor {name} has {rows} rows, which {heads} heads "
                              "cannot share; the metadata and the tensors disagree")
-    half = weight.shape[0] // heads // 2
-    return weight.reshape(heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)

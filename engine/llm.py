@@ -26,9 +26,11 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto",
                  block_size: int = 16, kv_budget_tokens: int | None = None,
                  kv_budget_bytes: int | None = None, enable_prefix_caching: bool = True,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, cascade_attention: bool = True):
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, cascade_attention: bool = True,
+                 quantized_decode: bool = True):
         options = EngineOptions(device, dtype, block_size, kv_budget_tokens, kv_budget_bytes,
-                                enable_prefix_caching, max_num_seqs, max_num_batched_tokens, cascade_attention)
+                                enable_prefix_caching, max_num_seqs, max_num_batched_tokens, cascade_attention,
+                                quantized_decode)
         self.engine = LLMEngine(model, options)
 
     @property

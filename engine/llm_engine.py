@@ -11,8 +11,8 @@ from engine.block_pool import BlockPool
 from engine.errors import SwarmError
 from engine.kv_cache import KVCache, blocks_for_budget
 from engine.kv_stats import KVStats, collect_stats
-from engine.loader import load_model_config, load_tokenizer, load_weights, resolve_model
-from engine.model_runner import ModelRunner, build_model
+from engine.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
+from engine.model_runner import ModelRunner, attach_quantized, build_model
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -32,6 +32,7 @@ class EngineOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     cascade_attention: bool = True
+    quantized_decode: bool = True   # CPU float32: decode from the GGUF's Q4_0/Q4_1/Q8_0 blocks
 
 
 @dataclass(slots=True)
@@ -51,6 +52,8 @@ class LLMEngine:
         self.dtype = pick_dtype(options.dtype, self.device)
         net = build_model(self.config, load_weights(self.source), self.device, self.dtype)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        if options.quantized_decode and self.device.type == "cpu" and self.dtype == torch.float32:
+            self.weight_bytes += attach_quantized(net, load_quantized_weights(self.source))
         num_blocks = self._num_blocks(options)
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)

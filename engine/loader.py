@@ -13,6 +13,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.named_models import NAMED_MODELS
 from engine.tokenizer import Tokenizer
+from kernels.quant_matmul import QuantizedWeight
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,16 @@ def load_weights(ref: str | ModelSource) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as err:
             raise ModelLoadError(f"{file}: corrupt safetensors file ({_first_line(err)})") from None
     return weights
+
+
+def load_quantized_weights(ref: str | ModelSource) -> dict[str, QuantizedWeight]:
+    """The matrices a GGUF file stores in blocks the quantized decode kernel reads, under Hugging
+    Face names; none for a Hugging Face folder."""
+    source = _source(ref)
+    if source.kind != "gguf":
+        return {}
+    from engine.gguf_file import read_gguf_quantized
+    return read_gguf_quantized(source.path)
 
 
 def _source(ref: str | ModelSource) -> ModelSource:

@@ -15,8 +15,9 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import cascade_prefill, paged_attention
+from kernels import cascade_prefill, paged_attention, quant_matmul
 from kernels.backend import AttentionOps, attention_ops
+from kernels.quant_matmul import QuantizedWeight
 
 
 @dataclass(slots=True)
@@ -36,11 +37,16 @@ FEW_ROWS = 64
 
 
 class Linear(nn.Linear):
-    """nn.Linear, except that a few rows on a CPU (decode) are computed as weight @ x.T: CPU BLAS
-    then picks a kernel that streams the weight faster (SmolLM2, 8 rows, all layers: 67 -> 50 ms
-    per step; lm_head alone 19 -> 8.6 ms)."""
+    """nn.Linear, except for a few rows on a CPU (decode). Where the file's quantized blocks are
+    attached (`quantized`), those rows are multiplied straight from them (kernels.quant_matmul).
+    Otherwise they are computed as weight @ x.T: CPU BLAS then picks a kernel that streams the
+    weight faster (SmolLM2, 8 rows, all layers: 67 -> 50 ms per step; lm_head alone 19 -> 8.6 ms)."""
+
+    quantized: QuantizedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None and quant_matmul.usable(x):
+            return quant_matmul.quant_matmul(x, self.quantized, self.bias)
         if x.shape[0] > FEW_ROWS or x.device.type != "cpu" or x.dim() != 2:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:

@@ -7,9 +7,11 @@ from engine.config import ModelConfig
 from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode, plan_prefill
 from engine.errors import ModelLoadError
 from engine.kv_cache import KVCache
-from engine.model import AttentionBatch, CausalLM, RotaryEmbedding
+from engine.model import AttentionBatch, CausalLM, Linear, RotaryEmbedding
 from engine.scheduler import ScheduledBatch
+from kernels import quant_matmul
 from kernels.backend import attention_ops
+from kernels.quant_matmul import QuantizedWeight
 
 
 def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
@@ -35,6 +37,22 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: t
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = RotaryEmbedding(config).to(device)
     return model.eval()
+
+
+def attach_quantized(model: CausalLM, quantized: dict[str, QuantizedWeight]) -> int:
+    """Gives each Linear whose weight the file stores in blocks the decode kernel reads its quantized
+    copy, for steps of a few rows; the float32 weight stays for prefill. Bytes the copies hold."""
+    if not quantized or not quant_matmul.available():
+        return 0
+    if model.config.tie_word_embeddings and "model.embed_tokens.weight" in quantized:
+        quantized = {**quantized, "lm_head.weight": quantized["model.embed_tokens.weight"]}
+    held = {}
+    for name, module in model.named_modules():
+        weight = quantized.get(f"{name}.weight")
+        if isinstance(module, Linear) and weight is not None and weight.shape == tuple(module.weight.shape):
+            module.quantized = weight
+            held[id(weight.codes)] = weight.nbytes
+    return sum(held.values())
 
 
 class ModelRunner:

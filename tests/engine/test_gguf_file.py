@@ -10,9 +10,11 @@ from gguf import GGUFValueType as V
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernels.quant_matmul import dequantize
+
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
-from engine.gguf_file import read_gguf_config, read_gguf_tensors, read_gguf_tokenizer
+from engine.gguf_file import read_gguf_config, read_gguf_quantized, read_gguf_tensors, read_gguf_tokenizer
 from tests.engine.tiny_gguf import (DEQUANTIZE_ONLY, QUANTIZABLE, smollm2_or_skip, tiny_model,
                                     write_metadata_only, write_model)
 
@@ -79,6 +81,14 @@ def test_smollm2_tensors_equal_transformers(smollm2_ours, smollm2_transformers):
     assert_same_tensors(smollm2_ours, theirs, tied=True)
 
 
+def test_smollm2_quantized_blocks_are_every_matrix_and_dequantize_to_the_weights(smollm2, smollm2_ours):
+    quantized = read_gguf_quantized(smollm2)
+    assert len(quantized) == 30 * 7 + 1
+    assert quantized["model.embed_tokens.weight"].bits == 8
+    for name, weight in quantized.items():
+        assert torch.equal(dequantize(weight), smollm2_ours[name]), name
+
+
 def test_smollm2_q_and_k_rows_are_unpermuted(smollm2, smollm2_ours, smollm2_transformers):
     from transformers.integrations.gguf.dequant import dequantize as torch_dequantize
     from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
@@ -119,6 +129,17 @@ def test_quantized_types_match_transformers_and_the_weights(tmp_path, qtype):
     for name, weight in model.state_dict().items():
         error = torch.linalg.norm(ours[name] - weight) / torch.linalg.norm(weight)
         assert error <= QUANT_ERROR[qtype], name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.F16], ids=lambda q: q.name)
+def test_quantized_blocks_kept_for_decode_equal_the_dequantized_weights(tmp_path, family, qtype):
+    path = write_model(tmp_path / f"{family}-{qtype.name}.gguf", tiny_model(family), qtype)
+    quantized, weights = read_gguf_quantized(path), read_gguf_tensors(path)
+    matrices = {name for name, w in weights.items() if w.dim() == 2}
+    assert set(quantized) == (matrices if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0) else set())
+    for name, weight in quantized.items():  # llama's q/k rows are reordered back, like the weights
+        assert torch.equal(dequantize(weight), weights[name]), name
 
 
 @pytest.mark.parametrize("qtype", DEQUANTIZE_ONLY, ids=lambda q: q.name)

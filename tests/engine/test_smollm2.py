@@ -57,3 +57,21 @@ def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
     assert [o.token_ids for o in shared] == [o.token_ids for o in together]
     assert [o.token_ids for o in shared[:3]] == [o.token_ids for o in alone]
     assert all(o.num_cached_tokens >= len(trunk) for o in shared[1:])
+
+
+def test_decode_from_the_files_quantized_blocks_keeps_the_float32_output(llm):
+    from kernels import quant_matmul
+    if not quant_matmul.available():
+        pytest.skip("no C compiler for the quantized decode kernel")
+    net = llm.engine.runner.model
+    assert net.lm_head.quantized.bits == 8  # tied to the Q8_0 token embedding
+    assert all(layer.mlp.down_proj.quantized.bits == 4 for layer in net.model.layers)
+    plain = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, quantized_decode=False)
+    assert plain.engine.runner.model.lm_head.quantized is None
+    quantized_bytes = sum(m.quantized.nbytes for m in net.modules() if getattr(m, "quantized", None) is not None
+                          and m is not net.lm_head)
+    assert llm.engine.weight_bytes == plain.engine.weight_bytes + quantized_bytes + net.lm_head.quantized.nbytes
+    prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(m)) for m in PROMPTS]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    assert ([o.token_ids for o in llm.generate(prompts, params)]
+            == [o.token_ids for o in plain.generate(prompts, params)])

@@ -1,0 +1,96 @@
+"""Builds the C kernels next to this file once per machine and loads them with ctypes.
+
+The shared library is cached under $SWARM_CACHE_DIR (default ~/.cache/swarm) by a hash of
+the source, the flags, the compiler and this CPU, so later runs load it in milliseconds. Where
+no C compiler works, `load` returns None and the callers keep their PyTorch path.
+
+    CC   the compiler to use (default: cc, then gcc, then clang)
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
+SOURCE_DIR = Path(__file__).parent
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SWARM_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarm"
+    return Path(root) / "kernels"
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
+    torch.get_num_threads()  # torch's OpenMP runtime first, so the library shares its threads
+    source = (SOURCE_DIR / f"{name}.c").read_bytes()
+    compiler = _compiler()
+    if compiler is None:
+        warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
+        return None
+    target = cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    if not target.exists():
+        error = _build(compiler, SOURCE_DIR / f"{name}.c", target)
+        if error:
+            warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
+            return None
+    return ctypes.CDLL(str(target))
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    return None
+
+
+def _build_key(source: bytes, compiler: str) -> str:
+    parts = [source, " ".join(FLAGS).encode(), compiler.encode(), _compiler_version(compiler).encode(),
+             platform.machine().encode(), _cpu_flags().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
+
+
+def _build(compiler: str, source: Path, target: Path) -> str | None:
+    """Compiles to a temporary file and renames it into place, so a half-written library is never loaded."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            return lines[0] if lines else f"exit code {done.returncode}"
+        os.replace(partial, target)
+        return None
+    except (OSError, subprocess.SubprocessError) as err:
+        return str(err)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
