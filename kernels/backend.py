@@ -2,7 +2,10 @@
 
     SWARM_ATTENTION_BACKEND   unset/auto: Triton when the device is a GPU (CUDA or ROCm
                                           build of torch) and triton imports; on a CPU,
-                                          sdpa; else torch
+                                          native (or sdpa without a C compiler); else torch
+                              native:     sdpa, with the paged (private) part in C
+                                          (kernels.native_attention); auto's choice on
+                                          a CPU where a C compiler works
                               sdpa:       torch's fused CPU attention (kernels.sdpa_attention)
                               torch:      always the PyTorch reference path
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
@@ -20,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import SwarmError
-from kernels import cascade_attention, paged_attention, sdpa_attention
+from kernels import cascade_attention, native_attention, paged_attention, sdpa_attention
 
 BACKEND_ENV = "SWARM_ATTENTION_BACKEND"
-CHOICES = ("auto", "torch", "sdpa", "triton")
+CHOICES = ("auto", "torch", "sdpa", "native", "triton")
 
 
 class AttentionBackendError(SwarmError):
@@ -45,6 +48,8 @@ TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.pa
                          cascade_attention.prefix_attention, cascade_attention.merge_attention)
 SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                         sdpa_attention.prefix_attention, cascade_attention.merge_attention)
+NATIVE_OPS = AttentionOps("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
+                          sdpa_attention.prefix_attention, cascade_attention.merge_attention)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:
@@ -56,8 +61,11 @@ def attention_ops(device: torch.device) -> AttentionOps:
 @functools.cache
 def _ops_for(device_type: str, choice: str, interpreting: bool) -> AttentionOps:
     if choice not in CHOICES:
-        raise AttentionBackendError(f"{BACKEND_ENV}={choice!r} is not a backend: use sdpa, torch or triton, or unset it")
+        raise AttentionBackendError(f"{BACKEND_ENV}={choice!r} is not a backend: use native, sdpa, torch or triton, "
+                                    "or unset it")
     on_gpu = device_type == "cuda"
+    if choice == "native" or (choice == "auto" and device_type == "cpu" and native_attention.available()):
+        return _native_ops(device_type)
     if choice == "sdpa" or (choice == "auto" and device_type == "cpu"):
         return _sdpa_ops(device_type)
     if choice == "torch" or (choice == "auto" and not (on_gpu and _triton_installed())):
@@ -75,6 +83,13 @@ def _sdpa_ops(device_type: str) -> AttentionOps:
         raise AttentionBackendError(f"{BACKEND_ENV}=sdpa needs a CPU tensor and torch's fused CPU attention "
                                     f"(torch >= 2.3); unset {BACKEND_ENV} to pick a backend that runs here")
     return SDPA_OPS
+
+
+def _native_ops(device_type: str) -> AttentionOps:
+    if device_type != "cpu" or not native_attention.available() or not sdpa_attention.available():
+        raise AttentionBackendError(f"{BACKEND_ENV}=native needs a CPU tensor, a C compiler (set CC) and torch's "
+                                    f"fused CPU attention; unset {BACKEND_ENV} to pick a backend that runs here")
+    return NATIVE_OPS
 
 
 def _triton_ops() -> AttentionOps:

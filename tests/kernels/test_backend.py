@@ -24,16 +24,19 @@ def fresh_choice():
     backend._ops_for.cache_clear()
 
 
-def test_the_fused_cpu_kernel_serves_the_cpu_by_default_and_torch_on_request(monkeypatch):
+def test_the_fused_cpu_kernels_serve_the_cpu_by_default_and_torch_on_request(monkeypatch):
+    from kernels import native_attention
+
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    assert attention_ops(CPU).name == "sdpa"
-    monkeypatch.setenv(BACKEND_ENV, "torch")
-    assert attention_ops(CPU).name == "torch"
+    assert attention_ops(CPU).name == ("native" if native_attention.available() else "sdpa")
+    for name in ("sdpa", "torch"):
+        monkeypatch.setenv(BACKEND_ENV, name)
+        assert attention_ops(CPU).name == name
 
 
 def test_an_unknown_backend_says_what_to_use(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "cuda")
-    with pytest.raises(AttentionBackendError, match="use sdpa, torch or triton"):
+    with pytest.raises(AttentionBackendError, match="use native, sdpa, torch or triton"):
         attention_ops(CPU)
 
 
@@ -63,7 +66,7 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
                         lambda *args, **kw: shared_prefills.append(1) or real_prefill(*args, **kw))
     folder = str(make_tiny_model(tmp_path / "llama", "llama"))
     runs = {}
-    names = ("torch", "triton", "sdpa") if DEVICE.type == "cpu" else ("torch", "triton")
+    names = ("torch", "triton", "sdpa", "native") if DEVICE.type == "cpu" else ("torch", "triton")
     for name in names:
         monkeypatch.setenv(BACKEND_ENV, name)
         assert attention_ops(DEVICE).name == name

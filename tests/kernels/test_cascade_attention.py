@@ -1,12 +1,14 @@
 """Shared-prefix (cascade) decode attention against the plain paged reference, in both
-implementations of its pieces: plain torch (cascade_attention) and the fused CPU kernel
-(sdpa_attention)."""
+implementations of its pieces: plain torch (cascade_attention), the fused CPU kernel
+(sdpa_attention) and the C paged kernel (native_attention)."""
 import pytest
 import torch
 
-from kernels import cascade_attention, paged_attention, sdpa_attention
+from kernels import cascade_attention, native_attention, paged_attention, sdpa_attention
 
-IMPLEMENTATIONS = [pytest.param(cascade_attention, id="torch"), pytest.param(sdpa_attention, id="sdpa")]
+NO_COMPILER = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the native kernel")
+IMPLEMENTATIONS = [pytest.param(cascade_attention, id="torch"), pytest.param(sdpa_attention, id="sdpa"),
+                   pytest.param(native_attention, id="native", marks=NO_COMPILER)]
 
 BLOCK, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
 SCALE = DIM ** -0.5
@@ -107,15 +109,29 @@ def test_half_precision_cache_stays_within_tolerance(dtype, tol, impl):
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
 
 
-def test_sdpa_pieces_give_the_oracles_out_and_lse_including_an_empty_row():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS[1:])
+def test_fast_pieces_give_the_oracles_out_and_lse_including_an_empty_row(impl):
     k_cache, v_cache, gen = make_pool(seed=5)
     tables = padded([[3, 4, 9], [7], [8, 2]])
-    for lens in (torch.tensor([11, 3, 6]), torch.tensor([11, 0, 6])):
+    for lens in (torch.tensor([11, 3, 6]), torch.tensor([11, 0, 6]), torch.tensor([0, 0, 0])):
         q = torch.randn(3, HEADS, DIM, generator=gen)
         expected = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
-        got = sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+        got = impl.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     k, v = k_cache[:5].reshape(-1, KV_HEADS, DIM), v_cache[:5].reshape(-1, KV_HEADS, DIM)
-    for a, b in zip(sdpa_attention.prefix_attention(q, k, v, SCALE), cascade_attention.prefix_attention(q, k, v, SCALE)):
+    for a, b in zip(impl.prefix_attention(q, k, v, SCALE), cascade_attention.prefix_attention(q, k, v, SCALE)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the native kernel")
+def test_native_rows_do_not_depend_on_their_batch():
+    k_cache, v_cache, gen = make_pool(seed=3)
+    tables = padded([[3, 4, 9, 10], [7, 1], [8, 2, 5]])
+    lens = torch.tensor([15, 6, 10])
+    q = torch.randn(3, HEADS, DIM, generator=gen)
+    out, lse = native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+    for row in range(3):
+        alone = native_attention.paged_decode_with_lse(q[row:row + 1], k_cache, v_cache, tables[row:row + 1, :4],
+                                                        lens[row:row + 1], SCALE)
+        assert torch.equal(alone[0][0], out[row]) and torch.equal(alone[1][0], lse[row])

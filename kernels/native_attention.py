@@ -1,0 +1,52 @@
+"""The private (paged) half of cascade decode attention in C, on a CPU: keys and values are read
+in place from the paged cache, where the fused SDPA path first gathers them into a padded batch
+and masks the padding (SmolLM2, 8 rows of up to 128 tokens: see `swarm bench-decode`).
+The shared-prefix half stays on torch's fused kernel (kernels.sdpa_attention)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kernels import native, sdpa_attention
+
+
+prefix_attention = sdpa_attention.prefix_attention  # the shared half: one dense product, already fused
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = native.load("paged_decode")
+    if lib is not None:
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.swarm_paged_decode.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr,
+                                           ctypes.c_float, ptr, ptr, ctypes.c_int]
+        lib.swarm_paged_decode.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_tables: torch.Tensor, lengths: torch.Tensor, scale: float):
+    """Contract of kernels.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
+    others go to the SDPA path."""
+    batch, heads, dim = q.shape
+    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32 and q.device.type == "cpu"
+            and dim % 8 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)
+    q = q.contiguous()
+    tables = block_tables.to(torch.int64).contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    out = torch.empty(batch, heads, dim)
+    lse = torch.empty(batch, heads)
+    failed = _library().swarm_paged_decode(
+        q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.shape[1], tables.data_ptr(), tables.shape[1], lengths.data_ptr(), scale,
+        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("paged decode attention could not allocate its scores")
+    return out, lse
