@@ -15,7 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import cascade_prefill, paged_attention, quant_matmul
+from kernels import cascade_prefill, fused_ops, paged_attention, quant_matmul
 from kernels.backend import AttentionOps, attention_ops
 from kernels.quant_matmul import QuantizedWeight
 
@@ -61,6 +61,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_ops.rms_norm(x, self.weight, self.eps)
+        if fused is not None:
+            return fused
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -103,6 +106,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim]."""
+    fused = fused_ops.rotary(x, cos, sin)
+    if fused is not None:
+        return fused
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     return x * cos + _rotate_half(x) * sin
 
