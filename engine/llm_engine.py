@@ -52,8 +52,10 @@ class LLMEngine:
         self.dtype = pick_dtype(options.dtype, self.device)
         net = build_model(self.config, load_weights(self.source), self.device, self.dtype)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        self.quantized_bytes = 0   # the file's quantized blocks, kept beside the float32 weights for decode
         if options.quantized_decode and self.device.type == "cpu" and self.dtype == torch.float32:
-            self.weight_bytes += attach_quantized(net, load_quantized_weights(self.source))
+            self.quantized_bytes = attach_quantized(net, load_quantized_weights(self.source))
+        self.weight_bytes += self.quantized_bytes
         num_blocks = self._num_blocks(options)
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)

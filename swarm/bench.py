@@ -16,6 +16,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.errors import SwarmError
+from kernels.backend import attention_ops
 from swarm.bench_report import BenchReport, ConfigResult, SystemResult
 from swarm.bench_workload import (PEERS, SYSTEMS, BenchOptions, Measurement, Stopwatch, Workload,
                                   agreement, make_workload)
@@ -116,7 +117,9 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
     engine = runners[0].llm.engine
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{r.name: r.version for r in runners}, **{name: None for name in missing}}
-    return BenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."), versions, configs)
+    kernels = {"attention": attention_ops(engine.device).name, "quantized_decode_bytes": engine.quantized_bytes}
+    return BenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."), versions, configs,
+                       kernels)
 
 
 def _warm_up_workload(options: BenchOptions, vocab_size: int) -> Workload:

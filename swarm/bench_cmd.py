@@ -93,6 +93,11 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
     o = report.options
     console.print(f"[bold]swarm bench[/]: {o.model} on {report.device} ({report.dtype}; transformers "
                   f"{o.hf_dtype}), suffix {o.suffix}, {o.new_tokens} new tokens per agent, greedy")
+    kernels = report.kernels or {}
+    if kernels:
+        quantized = kernels.get("quantized_decode_bytes") or 0
+        decode = f"from the file's quantized blocks ({quantized / 1e6:.1f} MB)" if quantized else "from float32 weights"
+        console.print(f"swarm kernels: {kernels.get('attention')} decode attention, decode matmuls {decode}")
     console.print(_table(report))
     for name, version in report.versions.items():
         if version is None:

@@ -61,6 +61,7 @@ class BenchReport:
     dtype: str
     versions: dict[str, str | None]
     configs: list[ConfigResult]
+    kernels: dict[str, object] | None = None
 
     def to_json(self) -> dict:
         o = self.options
@@ -70,6 +71,7 @@ class BenchReport:
             "device": self.device,
             "dtype": self.dtype,
             "hf_dtype": o.hf_dtype,
+            "kernels": dict(self.kernels or {}),
             "workload": {"agents": list(o.agents), "trunks": list(o.trunks), "suffix": o.suffix,
                          "new_tokens": o.new_tokens, "repeats": o.repeats, "seed": o.seed},
             "systems": {name: SYSTEMS[name] for name in ("swarm", "swarm_no_sharing", *o.peers)},

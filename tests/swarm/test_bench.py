@@ -37,7 +37,10 @@ def test_json_follows_the_documented_schema(bench_run):
     document, stdout, _ = bench_run
     assert json.loads(stdout[stdout.index("{"):]) == document
     assert document["schema_version"] == 1
-    assert {"model", "device", "dtype", "hf_dtype", "workload", "systems", "versions", "configs"} <= set(document)
+    assert {"model", "device", "dtype", "hf_dtype", "kernels", "workload", "systems", "versions",
+            "configs"} <= set(document)
+    assert document["kernels"]["attention"] in ("native", "sdpa")
+    assert document["kernels"]["quantized_decode_bytes"] == 0   # a safetensors folder has no quantized blocks
     assert document["workload"] == {"agents": [1, 2], "trunks": [T], "suffix": S, "new_tokens": G,
                                     "repeats": 1, "seed": 0}
     assert list(document["systems"]) == ["swarm", "swarm_no_sharing", "hf", "llamacpp"]
