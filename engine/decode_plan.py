@@ -18,7 +18,7 @@ MIN_PREFIX_TOKENS = 64
 
 @dataclass(slots=True)
 class SharedPrefix:
-    rows: torch.Tensor              # batch rows that share the prefix
+    rows: torch.Tensor | slice      # batch rows that share the prefix (a slice when consecutive: a view, no gather)
     first_block: int                # the prefix's blocks are first_block, first_block + 1, ...
     blocks: torch.Tensor | None     # ... or these ids, when they are not consecutive
     num_blocks: int
@@ -67,6 +67,8 @@ def _shared_blocks(tables, context_lens, rows, block_size) -> int:
 def _shared_prefix(blocks: list[int], rows: list[int], device) -> SharedPrefix:
     consecutive = blocks == list(range(blocks[0], blocks[0] + len(blocks)))
     ids = None if consecutive else torch.tensor(blocks, dtype=torch.long, device=device)
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return SharedPrefix(slice(rows[0], rows[0] + len(rows)), blocks[0], ids, len(blocks))
     return SharedPrefix(torch.tensor(rows, dtype=torch.long, device=device), blocks[0], ids, len(blocks))
 
 
