@@ -40,12 +40,17 @@ def load(name: str) -> ctypes.CDLL | None:
         warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
         return None
     target = cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
-    if not target.exists():
-        error = _build(compiler, SOURCE_DIR / f"{name}.c", target)
+    for attempt in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
+        error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", target)
         if error:
-            warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
-            return None
-    return ctypes.CDLL(str(target))
+            break
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError as err:
+            error = str(err)
+            target.unlink(missing_ok=True)
+    warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
+    return None
 
 
 def _compiler() -> str | None:
@@ -78,9 +83,12 @@ def _cpu_flags() -> str:
 
 def _build(compiler: str, source: Path, target: Path) -> str | None:
     """Compiles to a temporary file and renames it into place, so a half-written library is never loaded."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
-    os.close(fd)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+        os.close(fd)
+    except OSError as err:
+        return f"cannot write to {target.parent}: {err.strerror or err}; set SWARM_CACHE_DIR"
     try:
         done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial], capture_output=True, text=True,
                               timeout=300)

@@ -1,5 +1,10 @@
 """The quantized decode kernel against the gguf package: its own quantizer makes the blocks, its own
 dequantizer gives the float32 weights the products are checked against (in float64)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import gguf.quants
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ from kernels.quant_matmul import dequantize, from_gguf_blocks
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+ROOT = Path(__file__).parents[2]
 
 
 def gguf_weight(qtype, rows=96, cols=320, seed=0):
@@ -105,3 +111,23 @@ def test_a_failing_compiler_warns_and_leaves_nothing_behind(fresh_build, monkeyp
     with pytest.warns(UserWarning, match="could not build the quant_matmul kernel"):
         assert native.load("quant_matmul") is None
     assert list((fresh_build / "kernels").iterdir()) == []
+
+
+def test_an_unwritable_cache_warns_and_stays_off(fresh_build, monkeypatch):
+    blocker = fresh_build / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(blocker))
+    with pytest.warns(UserWarning, match="cannot write to .*set SWARM_CACHE_DIR"):
+        assert native.load("quant_matmul") is None
+
+
+def test_a_broken_cached_library_is_rebuilt(fresh_build):
+    assert native.load("quant_matmul") is not None
+    [built] = (fresh_build / "kernels").iterdir()
+    built.write_bytes(b"cut short")
+    # a new process: this one keeps the library it loaded under that name
+    code = "from kernels import native; print(native.load('quant_matmul') is not None)"
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "SWARM_CACHE_DIR": str(fresh_build)}, cwd=ROOT)
+    assert done.stdout.strip() == "True", done.stderr
+    assert built.read_bytes()[:4] == b"\x7fELF"
