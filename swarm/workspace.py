@@ -37,6 +37,8 @@ class Workspace:
         if os.path.isabs(relative_path) or relative_path.startswith("~"):
             raise ToolError(f"path {shown} is absolute; use a path relative to the workspace root")
         resolved = Path(os.path.realpath(self.root / relative_path))
+        if os.path.realpath(resolved) != str(resolved):  # realpath gives up at a link loop, joining the rest unresolved
+            raise ToolError(f"path {shown} goes through a symbolic link loop; use a path without it")
         if self.contains(resolved):
             return resolved
         if ".." in PurePosixPath(relative_path).parts:

@@ -91,6 +91,12 @@ _SEGMENTS = st.sampled_from(["..", ".", "", "sub", "out", "up", "abs", "loop", "
 _JOINED_PATHS = st.lists(_SEGMENTS, max_size=8).map("/".join)
 
 
+def test_a_link_loop_cannot_hide_a_link_that_leads_out(tricky_root):
+    # os.path.realpath stops at the loop and joins "../out" without resolving "out"
+    with pytest.raises(ToolError, match="link loop"):
+        Workspace(tricky_root).resolve("loop/../out")
+
+
 @given(st.one_of(_JOINED_PATHS, st.text(max_size=40)))
 def test_no_relative_path_resolves_outside_the_root(tricky_root, path):
     workspace = Workspace(tricky_root)
