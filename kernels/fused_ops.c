@@ -1,6 +1,6 @@
 /* The element-wise pieces of a transformer layer in one pass each, for float32 on a CPU: a
  * decode step spends more time dispatching the half-dozen torch ops of an RMSNorm or a rotary
- * embedding than computing them. Checked against the PyTorch versions in engine/model.py.
+ * embedding than computing them. Tested against transformers' LlamaRMSNorm and apply_rotary_pos_emb.
  * Built by kernels/native.py; called through ctypes from kernels/fused_ops.py.
  */
 #include <math.h>

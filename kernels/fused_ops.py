@@ -12,12 +12,9 @@ from kernels import native
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native.load("fused_ops")
-    if lib is not None:
-        ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        lib.swarm_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr, i32]
-        lib.swarm_rotary.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i32]
-    return lib
+    ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    return native.declared("fused_ops", {"swarm_rms_norm": ([ptr, ptr, i64, i64, f32, ptr, i32], None),
+                                         "swarm_rotary": ([ptr, i64, i64, i64, ptr, ptr, ptr, i32], None)})
 
 
 def _native(*tensors: torch.Tensor) -> bool:

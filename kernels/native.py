@@ -19,7 +19,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import torch
+import torch  # noqa: F401  (loads torch's libgomp.so.1 before any kernel: they share its OpenMP threads)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 SOURCE_DIR = Path(__file__).parent
@@ -32,15 +32,15 @@ def cache_dir() -> Path:
 
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
-    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
-    torch.get_num_threads()  # torch's OpenMP runtime first, so the library shares its threads
+    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built.
+    Its libgomp.so.1 resolves to torch's copy, imported above."""
     source = (SOURCE_DIR / f"{name}.c").read_bytes()
     compiler = _compiler()
     if compiler is None:
         warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
         return None
     target = cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
-    for attempt in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
+    for _ in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
         error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", target)
         if error:
             break
@@ -51,6 +51,17 @@ def load(name: str) -> ctypes.CDLL | None:
             target.unlink(missing_ok=True)
     warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
     return None
+
+
+def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
+    """`load(name)` with each function's (argument types, return type) declared: without them
+    ctypes passes every integer as a C int and cannot pass floats."""
+    lib = load(name)
+    if lib is not None:
+        for function, (argtypes, restype) in signatures.items():
+            getattr(lib, function).argtypes = argtypes
+            getattr(lib, function).restype = restype
+    return lib
 
 
 def _compiler() -> str | None:
@@ -66,6 +77,7 @@ def _build_key(source: bytes, compiler: str) -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
+@functools.cache
 def _compiler_version(compiler: str) -> str:
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -73,6 +85,7 @@ def _compiler_version(compiler: str) -> str:
         return ""
 
 
+@functools.cache
 def _cpu_flags() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

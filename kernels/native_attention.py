@@ -17,13 +17,10 @@ prefix_attention = sdpa_attention.prefix_attention  # the shared half: one dense
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native.load("paged_decode")
-    if lib is not None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.swarm_paged_decode.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr,
-                                           ctypes.c_float, ptr, ptr, ctypes.c_int]
-        lib.swarm_paged_decode.restype = ctypes.c_int
-    return lib
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.declared("paged_decode", {
+        "swarm_paged_decode": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, ptr,
+                                ctypes.c_int], ctypes.c_int)})
 
 
 def available() -> bool:

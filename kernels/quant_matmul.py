@@ -85,12 +85,9 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = native.load("quant_matmul")
-    if lib is not None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.swarm_quant_matmul.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int, i64, ptr, ptr, ctypes.c_int]
-        lib.swarm_quant_matmul.restype = None
-    return lib
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.declared("quant_matmul", {
+        "swarm_quant_matmul": ([ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int, i64, ptr, ptr, ctypes.c_int], None)})
 
 
 def available() -> bool:
