@@ -94,7 +94,7 @@ class ModelRunner:
         attention = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new))
         if batch.is_prefill:
             attention.block_tables = [as_tensor(seq.block_table) for seq in batch.seqs]
-            if attention_ops(self.device).name == "sdpa" and len(batch.seqs) > 1:
+            if attention_ops(self.device).cascade_prefill and len(batch.seqs) > 1:
                 starts = [seq.num_computed_tokens for seq in batch.seqs]
                 attention.prefill_groups = plan_prefill([seq.block_table for seq in batch.seqs], starts,
                                                         list(batch.num_new), block_size, self.device,

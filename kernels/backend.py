@@ -11,7 +11,8 @@
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
                                           (the interpreter, slow: for tests)
 
-Prefill attention is not part of this choice: it always runs on torch's SDPA.
+Prefill attention always runs on torch's SDPA; with native and sdpa, prompts that continue one
+cached trunk attend to it together (kernels.cascade_prefill).
 """
 from __future__ import annotations
 
@@ -42,14 +43,15 @@ class AttentionOps:
     paged_decode_with_lse: Callable
     prefix_attention: Callable
     merge_attention: Callable
+    cascade_prefill: bool = False   # prompts continuing one cached trunk read it together (CPU)
 
 
 TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
                          cascade_attention.prefix_attention, cascade_attention.merge_attention)
 SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
-                        sdpa_attention.prefix_attention, cascade_attention.merge_attention)
+                        sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 NATIVE_OPS = AttentionOps("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
-                          sdpa_attention.prefix_attention, cascade_attention.merge_attention)
+                          sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:

@@ -40,6 +40,27 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
     assert all(o.num_cached_tokens == 0 for o in without)
 
 
+@pytest.mark.parametrize("backend_name", ["sdpa", "native"])
+def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cpu_backend(
+        backend_name, monkeypatch, tiny_model_dir):
+    from kernels import backend, cascade_prefill, native_attention
+
+    if backend_name == "native" and not native_attention.available():
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv(backend.BACKEND_ENV, backend_name)
+    calls = []
+    real = cascade_prefill.prefill_attention
+    monkeypatch.setattr(cascade_prefill, "prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    trunk = list(range(4, 100))
+    prompts = [trunk + [200 + i, 7, 8] for i in range(3)]
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    folder = str(tiny_model_dir("llama"))
+    got = LLM(folder, kv_budget_tokens=2048).generate(prompts, params)
+    assert calls, "the suffixes were prefilled one by one, each gathering the trunk"
+    plain = LLM(folder, kv_budget_tokens=2048, enable_prefix_caching=False).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+
+
 def test_trunk_is_computed_once(tiny_model_dir):
     llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192)
     trunk, prompts = swarm_prompts(trunk_len=203, suffix_len=30)
