@@ -3,7 +3,7 @@
     SWARM_ATTENTION_BACKEND   unset/auto: Triton when the device is a GPU (CUDA or ROCm
                                           build of torch) and triton imports; on a CPU,
                                           native (or sdpa without a C compiler); else torch
-                              native:     sdpa, with the paged (private) part in C
+                              native:     both halves of the cascade in C
                                           (kernels.native_attention); auto's choice on
                                           a CPU where a C compiler works
                               sdpa:       torch's fused CPU attention (kernels.sdpa_attention)
@@ -51,7 +51,7 @@ TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.pa
 SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                         sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 NATIVE_OPS = AttentionOps("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
-                          sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
+                          native_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:

@@ -1,7 +1,10 @@
-"""The private (paged) half of cascade decode attention in C, on a CPU: keys and values are read
-in place from the paged cache, where the fused SDPA path first gathers them into a padded batch
-and masks the padding (SmolLM2, 8 rows of up to 128 tokens: see `swarm bench-decode`).
-The shared-prefix half stays on torch's fused kernel (kernels.sdpa_attention)."""
+"""Both halves of cascade decode attention in C, on a CPU:
+- the private (paged) half reads keys and values in place from the paged cache, where the fused
+  SDPA path first gathers them into a padded batch and masks the padding (kernels/paged_decode.c);
+- the shared-prefix half scores every row that shares the trunk against it in register tiles,
+  spread over the threads by chunks of keys (kernels/prefix_attention.c).
+See `swarm bench-decode`. Other dtypes and shapes go to the SDPA path (kernels.sdpa_attention).
+"""
 from __future__ import annotations
 
 import ctypes
@@ -12,9 +15,6 @@ import torch
 from kernels import native, sdpa_attention
 
 
-prefix_attention = sdpa_attention.prefix_attention  # the shared half: one dense product, already fused
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -23,8 +23,34 @@ def _library() -> ctypes.CDLL | None:
                                 ctypes.c_int], ctypes.c_int)})
 
 
+@functools.cache
+def _prefix_library() -> ctypes.CDLL | None:
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.declared("prefix_attention", {
+        "swarm_prefix_attention": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr, ptr, ctypes.c_int],
+                                   ctypes.c_int)})
+
+
 def available() -> bool:
-    return _library() is not None
+    return _library() is not None and _prefix_library() is not None
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Contract of kernels.cascade_attention.prefix_attention; float32 CPU tensors only, others go
+    to the SDPA path."""
+    batch, heads, dim = q.shape
+    if not (q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and dim % 8 == 0
+            and len(k) > 0):
+        return sdpa_attention.prefix_attention(q, k, v, scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty(batch, heads, dim)
+    lse = torch.empty(batch, heads)
+    failed = _prefix_library().swarm_prefix_attention(
+        q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(), k.shape[0], scale,
+        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("shared-prefix attention could not allocate its scratch memory")
+    return out, lse
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

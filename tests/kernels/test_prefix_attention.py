@@ -1,0 +1,88 @@
+"""The C shared-prefix attention (kernels/prefix_attention.c) against the torch oracle
+(kernels.cascade_attention.prefix_attention), in its AVX2 build and its portable one."""
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from kernels import cascade_attention, native, native_attention
+
+pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
+
+# (rows, heads, kv_heads, dim, prefix tokens): SmolLM2's decode step; no grouping with a wide head
+# and a prefix of several chunks ending mid-chunk; one row over one key; many rows, one past a chunk
+SHAPES = [(8, 9, 3, 64, 2048), (5, 4, 4, 128, 700), (1, 6, 2, 8, 1), (13, 32, 8, 64, 257)]
+
+
+def inputs(rows, heads, kv_heads, dim, keys, seed=0, spread=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, dim, generator=gen) * spread
+    return q, torch.randn(keys, kv_heads, dim, generator=gen), torch.randn(keys, kv_heads, dim, generator=gen)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_the_oracle(shape):
+    q, k, v = inputs(*shape)
+    scale = shape[3] ** -0.5
+    got, expected = native_attention.prefix_attention(q, k, v, scale), cascade_attention.prefix_attention(q, k, v, scale)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_peaked_scores_underflow_to_zero_weights_not_nan():
+    q, k, v = inputs(4, 6, 2, 64, 600, seed=1, spread=30.0)
+    got, expected = native_attention.prefix_attention(q, k, v, 0.125), cascade_attention.prefix_attention(q, k, v, 0.125)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], expected[1], atol=1e-4, rtol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch():
+    q, k, v = inputs(11, 9, 3, 64, 1000, seed=2)
+    out, lse = native_attention.prefix_attention(q, k, v, 0.125)
+    for row in (0, 5, 10):
+        alone, alone_lse = native_attention.prefix_attention(q[row:row + 1], k, v, 0.125)
+        assert torch.equal(alone[0], out[row]) and torch.equal(alone_lse[0], lse[row])
+    pair, pair_lse = native_attention.prefix_attention(q[3:5], k, v, 0.125)
+    assert torch.equal(pair, out[3:5]) and torch.equal(pair_lse, lse[3:5])
+
+
+def test_strided_keys_are_read_as_the_view_says():
+    q, k, v = inputs(3, 4, 2, 16, 300, seed=3)
+    k, v = k[::2], v[1::2]
+    got, expected = native_attention.prefix_attention(q, k, v, 0.25), cascade_attention.prefix_attention(q, k, v, 0.25)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def portable_library(tmp_path_factory):
+    """The same source built without AVX2 or FMA: its plain-C path."""
+    compiler = native._compiler()
+    if compiler is None or shutil.which(compiler) is None:
+        pytest.skip("no C compiler")
+    target = tmp_path_factory.mktemp("portable") / "prefix_attention.so"
+    flags = ["-O2", "-fopenmp", "-shared", "-fPIC", "-mno-avx2", "-mno-fma"]
+    built = subprocess.run([compiler, *flags, str(native.SOURCE_DIR / "prefix_attention.c"), "-o", str(target)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"this compiler cannot turn AVX2 off: {built.stderr.strip()[:200]}")
+    lib = ctypes.CDLL(str(target))
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.swarm_prefix_attention.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr, ptr,
+                                           ctypes.c_int]
+    lib.swarm_prefix_attention.restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:])
+def test_the_portable_build_matches_the_oracle(portable_library, shape):
+    rows, heads, kv_heads, dim, keys = shape
+    q, k, v = inputs(*shape, seed=4)
+    out, lse = torch.empty(rows, heads, dim), torch.empty(rows, heads)
+    failed = portable_library.swarm_prefix_attention(q.data_ptr(), rows, heads, kv_heads, dim, k.data_ptr(),
+                                                     v.data_ptr(), keys, 0.3, out.data_ptr(), lse.data_ptr(), 2)
+    expected = cascade_attention.prefix_attention(q, k, v, 0.3)
+    assert failed == 0
+    torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, expected[1], atol=1e-5, rtol=1e-5)
