@@ -29,7 +29,7 @@ class AttentionBatch:
     context_lens: list[int]                    # tokens in each sequence's context after this step
     query_lens: list[int]                      # new tokens per sequence
     block_tables: list[torch.Tensor] | None = None  # prefill: each sequence's blocks
-    decode_plan: DecodePlan | None = None      # decode: the shared-prefix split
+    decode_plan: DecodePlan | None = None      # the shared-prefix split of decode rows (and of a prefill's last tokens)
     prefill_groups: list | None = None         # prefill: prompts continuing one cached trunk
 
 
@@ -128,26 +128,30 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention output of every token, or only of `rows`: the last token of each sequence, whose
+        query then attends like a decode step's (every token's K/V is still written)."""
+        queries = x if rows is None else x[rows]
+        q = self.q_proj(queries).view(queries.shape[0], self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(x.shape[0], self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(x.shape[0], self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        cos, sin = rotary
+        q = apply_rotary(q, cos, sin) if rows is None else apply_rotary(q, cos[rows], sin[rows])
+        k = apply_rotary(k, cos, sin)
         k_cache, v_cache = kv.layers[self.layer_index]
         ops = attention_ops(q.device)
         ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        if batch.is_prefill and batch.prefill_groups:
+        if rows is not None or not batch.is_prefill:
+            out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)
+        elif batch.prefill_groups:
             out = cascade_prefill.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                                     batch.query_lens, batch.prefill_groups, self.scale, _prefix_kv)
-        elif batch.is_prefill:
+        else:
             out = paged_attention.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                                     batch.query_lens, self.scale)
-        else:
-            out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)
-        return self.o_proj(out.reshape(tokens, -1))
+        return self.o_proj(out.reshape(q.shape[0], -1))
 
 
 def _decode(ops: AttentionOps, q, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
@@ -187,8 +191,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, batch, kv)
+    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), rotary, batch, kv, rows)
+        x = (x if rows is None else x[rows]) + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -211,13 +216,16 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                kv: KVCache) -> torch.Tensor:
-        """Hidden states of every new token: [tokens, hidden]."""
+                kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states of every new token, or only of `rows` (each sequence's last, in a prefill:
+        the batch's decode_plan must then be set): [tokens or rows, hidden]. The last layer
+        computes only those rows; every token's K/V is still written in every layer."""
         x = self.model.embed_tokens(input_ids)
         rotary = self.model.rotary_emb(positions)
-        for layer in self.model.layers:
+        *layers, last = self.model.layers
+        for layer in layers:
             x = layer(x, rotary, batch, kv)
-        return self.model.norm(x)
+        return self.model.norm(last(x, rotary, batch, kv, rows))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

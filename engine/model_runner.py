@@ -73,12 +73,12 @@ class ModelRunner:
         """Logits at the last new token of each scheduled sequence: [seqs, vocab]."""
         self.kv.copy_blocks([(c.src, c.dst) for c in batch.copies])
         input_ids, positions, attention = self._prepare(batch)
-        hidden = self.model(input_ids, positions, attention, self.kv)
-        last = torch.tensor(batch.num_new, device=self.device).cumsum(0) - 1
         self.tokens_computed += input_ids.numel()
-        if batch.is_prefill:
-            self.prompt_tokens_computed += input_ids.numel()
-        return self.model.compute_logits(hidden[last])
+        if not batch.is_prefill:
+            return self.model.compute_logits(self.model(input_ids, positions, attention, self.kv))
+        self.prompt_tokens_computed += input_ids.numel()
+        last = torch.tensor(batch.num_new, device=self.device).cumsum(0) - 1
+        return self.model.compute_logits(self.model(input_ids, positions, attention, self.kv, rows=last))
 
     def _prepare(self, batch: ScheduledBatch):
         block_size = self.kv.block_size
@@ -92,14 +92,13 @@ class ModelRunner:
             context_lens.append(start + n)
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
         attention = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new))
+        tables = [seq.block_table for seq in batch.seqs]
+        # a prefill's last tokens attend like decode rows in the last layer (CausalLM.forward's rows)
+        attention.decode_plan = plan_decode(tables, context_lens, block_size, self.device, self.min_prefix_tokens)
         if batch.is_prefill:
             attention.block_tables = [as_tensor(seq.block_table) for seq in batch.seqs]
             if attention_ops(self.device).cascade_prefill and len(batch.seqs) > 1:
                 starts = [seq.num_computed_tokens for seq in batch.seqs]
-                attention.prefill_groups = plan_prefill([seq.block_table for seq in batch.seqs], starts,
-                                                        list(batch.num_new), block_size, self.device,
-                                                        self.min_prefix_tokens)
-        else:
-            attention.decode_plan = plan_decode([seq.block_table for seq in batch.seqs], context_lens,
-                                                block_size, self.device, self.min_prefix_tokens)
+                attention.prefill_groups = plan_prefill(tables, starts, list(batch.num_new), block_size,
+                                                        self.device, self.min_prefix_tokens)
         return as_tensor(tokens), as_tensor(positions), attention
