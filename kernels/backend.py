@@ -51,7 +51,7 @@ TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.pa
 SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                         sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 NATIVE_OPS = AttentionOps("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
-                          native_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
+                          native_attention.prefix_attention, native_attention.merge_attention, cascade_prefill=True)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from kernels import native, sdpa_attention
+from kernels import cascade_attention, native, sdpa_attention
 
 
 @functools.cache
@@ -28,7 +28,8 @@ def _prefix_library() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     return native.declared("prefix_attention", {
         "swarm_prefix_attention": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr, ptr, ctypes.c_int],
-                                   ctypes.c_int)})
+                                   ctypes.c_int),
+        "swarm_merge_attention": ([ptr, ptr, ptr, ptr, i64, i64, ptr, ptr], None)})
 
 
 def available() -> bool:
@@ -72,4 +73,18 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     if failed:
         raise MemoryError("paged decode attention could not allocate its scores")
+    return out, lse
+
+
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
+    """Contract of kernels.cascade_attention.merge_attention, in one C loop instead of a dozen small
+    torch ops; float32 CPU tensors only, others go to the torch version."""
+    tensors = (out_a, lse_a, out_b, lse_b)
+    if not (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and out_a.shape == out_b.shape and lse_a.shape == lse_b.shape == out_a.shape[:-1]):
+        return cascade_attention.merge_attention(*tensors)
+    out_a, lse_a, out_b, lse_b = (t.contiguous() for t in tensors)
+    out, lse = torch.empty_like(out_a), torch.empty_like(lse_a)
+    _prefix_library().swarm_merge_attention(out_a.data_ptr(), lse_a.data_ptr(), out_b.data_ptr(), lse_b.data_ptr(),
+                                            lse_a.numel(), out_a.shape[-1], out.data_ptr(), lse.data_ptr())
     return out, lse

@@ -230,3 +230,21 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
     free(partials);
     return failed ? -1 : 0;
 }
+
+/* Two softmax pieces over disjoint keys, combined: out, lse [pieces] from a and b ([pieces, dim] and
+ * [pieces] each), as kernels/cascade_attention.py::merge_attention. out may be a or b. */
+void swarm_merge_attention(const float *a, const float *lse_a, const float *b, const float *lse_b, int64_t pieces,
+                           int64_t dim, float *out, float *lse) {
+    for (int64_t i = 0; i < pieces; i++) {
+        const float top = lse_a[i] > lse_b[i] ? lse_a[i] : lse_b[i];
+        if (top == -INFINITY) {   /* both empty */
+            memset(out + i * dim, 0, sizeof(float) * (size_t)dim);
+            lse[i] = -INFINITY;
+            continue;
+        }
+        const float weight_a = expf(lse_a[i] - top), weight_b = expf(lse_b[i] - top), total = weight_a + weight_b;
+        for (int64_t d = 0; d < dim; d++)
+            out[i * dim + d] = (a[i * dim + d] * weight_a + b[i * dim + d] * weight_b) / total;
+        lse[i] = top + logf(total);
+    }
+}

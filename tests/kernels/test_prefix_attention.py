@@ -1,5 +1,5 @@
-"""The C shared-prefix attention (kernels/prefix_attention.c) against the torch oracle
-(kernels.cascade_attention.prefix_attention), in its AVX2 build and its portable one."""
+"""The C shared-prefix attention and log-sum-exp merge (kernels/prefix_attention.c) against the
+torch oracle (kernels.cascade_attention), in the AVX2 build and the portable one."""
 import ctypes
 import shutil
 import subprocess
@@ -26,14 +26,16 @@ def inputs(rows, heads, kv_heads, dim, keys, seed=0, spread=1.0):
 def test_matches_the_oracle(shape):
     q, k, v = inputs(*shape)
     scale = shape[3] ** -0.5
-    got, expected = native_attention.prefix_attention(q, k, v, scale), cascade_attention.prefix_attention(q, k, v, scale)
+    got = native_attention.prefix_attention(q, k, v, scale)
+    expected = cascade_attention.prefix_attention(q, k, v, scale)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)
 
 
 def test_peaked_scores_underflow_to_zero_weights_not_nan():
     q, k, v = inputs(4, 6, 2, 64, 600, seed=1, spread=30.0)
-    got, expected = native_attention.prefix_attention(q, k, v, 0.125), cascade_attention.prefix_attention(q, k, v, 0.125)
+    got = native_attention.prefix_attention(q, k, v, 0.125)
+    expected = cascade_attention.prefix_attention(q, k, v, 0.125)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], expected[1], atol=1e-4, rtol=1e-5)
 
@@ -51,8 +53,22 @@ def test_a_rows_result_does_not_depend_on_its_batch():
 def test_strided_keys_are_read_as_the_view_says():
     q, k, v = inputs(3, 4, 2, 16, 300, seed=3)
     k, v = k[::2], v[1::2]
-    got, expected = native_attention.prefix_attention(q, k, v, 0.25), cascade_attention.prefix_attention(q, k, v, 0.25)
+    got = native_attention.prefix_attention(q, k, v, 0.25)
+    expected = cascade_attention.prefix_attention(q, k, v, 0.25)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_merge_matches_the_oracle_including_empty_pieces():
+    gen = torch.Generator().manual_seed(5)
+    out_a, out_b = torch.randn(6, 9, 64, generator=gen), torch.randn(6, 9, 64, generator=gen)
+    lse_a, lse_b = torch.randn(6, 9, generator=gen) * 5, torch.randn(6, 9, generator=gen) * 5
+    lse_b[2] = float("-inf")          # a row whose private part is empty
+    out_b[2] = 0
+    got = native_attention.merge_attention(out_a, lse_a, out_b, lse_b)
+    expected = cascade_attention.merge_attention(out_a, lse_a, out_b, lse_b)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1], expected[1], atol=1e-6, rtol=1e-5)
+    assert torch.equal(got[0][2], out_a[2]) and torch.equal(got[1][2], lse_a[2])
 
 
 @pytest.fixture(scope="module")
