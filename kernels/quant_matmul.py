@@ -112,5 +112,5 @@ def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     return out
 
 
-def _ptr(tensor: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if tensor is None else tensor.data_ptr())
+def _ptr(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
