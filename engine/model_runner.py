@@ -96,7 +96,7 @@ class ModelRunner:
         # a prefill's last tokens attend like decode rows in the last layer (CausalLM.forward's rows)
         attention.decode_plan = plan_decode(tables, context_lens, block_size, self.device, self.min_prefix_tokens)
         if batch.is_prefill:
-            attention.block_tables = [as_tensor(seq.block_table) for seq in batch.seqs]
+            attention.block_tables = [as_tensor(table) for table in tables]
             if attention_ops(self.device).cascade_prefill and len(batch.seqs) > 1:
                 starts = [seq.num_computed_tokens for seq in batch.seqs]
                 attention.prefill_groups = plan_prefill(tables, starts, list(batch.num_new), block_size,

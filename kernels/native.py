@@ -57,10 +57,13 @@ def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CD
     """`load(name)` with each function's (argument types, return type) declared: without them
     ctypes passes every integer as a C int and cannot pass floats."""
     lib = load(name)
-    if lib is not None:
-        for function, (argtypes, restype) in signatures.items():
-            getattr(lib, function).argtypes = argtypes
-            getattr(lib, function).restype = restype
+    return None if lib is None else declare(lib, signatures)
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    for function, (argtypes, restype) in signatures.items():
+        getattr(lib, function).argtypes = argtypes
+        getattr(lib, function).restype = restype
     return lib
 
 

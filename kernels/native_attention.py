@@ -23,13 +23,16 @@ def _library() -> ctypes.CDLL | None:
                                 ctypes.c_int], ctypes.c_int)})
 
 
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+PREFIX_SIGNATURES = {   # kernels/prefix_attention.c
+    "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, ctypes.c_float, _ptr, _ptr,
+                                ctypes.c_int], ctypes.c_int),
+    "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)}
+
+
 @functools.cache
 def _prefix_library() -> ctypes.CDLL | None:
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.declared("prefix_attention", {
-        "swarm_prefix_attention": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr, ptr, ctypes.c_int],
-                                   ctypes.c_int),
-        "swarm_merge_attention": ([ptr, ptr, ptr, ptr, i64, i64, ptr, ptr], None)})
+    return native.declared("prefix_attention", PREFIX_SIGNATURES)
 
 
 def available() -> bool:

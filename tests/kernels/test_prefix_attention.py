@@ -83,12 +83,7 @@ def portable_library(tmp_path_factory):
                            capture_output=True, text=True)
     if built.returncode != 0:
         pytest.skip(f"this compiler cannot turn AVX2 off: {built.stderr.strip()[:200]}")
-    lib = ctypes.CDLL(str(target))
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.swarm_prefix_attention.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, ctypes.c_float, ptr, ptr,
-                                           ctypes.c_int]
-    lib.swarm_prefix_attention.restype = ctypes.c_int
-    return lib
+    return native.declare(ctypes.CDLL(str(target)), native_attention.PREFIX_SIGNATURES)
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:])
