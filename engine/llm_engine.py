@@ -9,6 +9,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.block_pool import BlockPool
 from engine.errors import SwarmError
+from engine.host_memory import keep_freed_memory
 from engine.kv_cache import KVCache, blocks_for_budget
 from engine.kv_stats import KVStats, collect_stats
 from engine.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
@@ -50,6 +51,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.source)
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         net = build_model(self.config, load_weights(self.source), self.device, self.dtype)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
         self.quantized_bytes = 0   # the file's quantized blocks, kept beside the float32 weights for decode

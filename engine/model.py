@@ -180,7 +180,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        hidden = F.silu(self.gate_proj(x), inplace=True)
+        return self.down_proj(hidden.mul_(self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

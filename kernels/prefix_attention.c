@@ -5,7 +5,7 @@
  * The rows that read one KV head (every row's query heads of that group) are a small matrix Q;
  * the prefix is cut into chunks of keys, one task per (KV head, chunk):
  *     S^T = K Q^T * scale, P^T = exp(S^T - column max), O = P V
- * in register tiles of 4 x 16 or 8 x 8, with K and V read in place from the cache. The tasks'
+ * in register tiles of 4 x 24, 6 x 16 or 8 x 8, with K and V read in place from the cache. The tasks'
  * partial softmaxes are merged by log-sum-exp in a fixed chunk order, and every sum runs in an
  * order fixed by the prefix length alone: a row's result does not depend on which rows it is
  * batched with. SmolLM2, 8 rows over 2,048 tokens, 2 threads: 390 us a layer, against 520 us
@@ -50,19 +50,19 @@ static inline __m256 exp8(__m256 x) {
 
 /* c[rows x 8 vecs] = a[rows x depth] b[depth x 8 vecs] * scale, where a's element (r, d) sits at
    a[r * row_step + d * depth_step] and b's rows are ldb apart; rows and vecs are constants after
-   inlining, so the accumulators stay in registers. */
+   inlining, so the accumulators (at most 12) stay in registers. */
 static inline __attribute__((always_inline)) void tile(const float *a, int64_t row_step, int64_t depth_step,
                                                        const float *b, int64_t ldb, int64_t depth, int rows,
                                                        int vecs, float *c, int64_t ldc, float scale) {
-    __m256 acc[8][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 acc[8][3];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < depth; d++) {
-        const __m256 b0 = _mm256_loadu_ps(b + d * ldb);
-        const __m256 b1 = vecs == 2 ? _mm256_loadu_ps(b + d * ldb + 8) : b0;
+        __m256 bv[3];
+        for (int i = 0; i < vecs; i++) bv[i] = _mm256_loadu_ps(b + d * ldb + 8 * i);
         for (int r = 0; r < rows; r++) {
             const __m256 x = _mm256_broadcast_ss(a + r * row_step + d * depth_step);
-            acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-            if (vecs == 2) acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+            for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_fmadd_ps(x, bv[i], acc[r][i]);
         }
     }
     const __m256 s = _mm256_set1_ps(scale);
@@ -72,25 +72,30 @@ static inline __attribute__((always_inline)) void tile(const float *a, int64_t r
 
 #define TILE(R, V) tile(a + r * row_step, row_step, depth_step, b + j, ldb, depth, R, V, c + r * ldc + j, ldc, scale)
 
-/* one 16- or 8-column strip, all rows: 4 rows a tile for two vectors, 8 for one */
+/* one strip of 24, 16 or 8 columns, all rows, in tiles of 4, 6 or 8 rows (12 or 8 accumulators) */
 static void strip(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb, int64_t rows,
                   int64_t depth, int64_t j, int vecs, float *c, int64_t ldc, float scale) {
-    const int step = vecs == 2 ? 4 : 8;
+    const int step = vecs == 3 ? 4 : vecs == 2 ? 6 : 8;
     int64_t r = 0;
     for (; r + step <= rows; r += step) {
-        if (vecs == 2) TILE(4, 2); else TILE(8, 1);
+        if (vecs == 3) TILE(4, 3); else if (vecs == 2) TILE(6, 2); else TILE(8, 1);
     }
-    switch ((rows - r) * 2 + vecs - 1) {   /* the remainder: (rows left, vecs) */
-        case 2 * 1 + 1: TILE(1, 2); break;
-        case 2 * 2 + 1: TILE(2, 2); break;
-        case 2 * 3 + 1: TILE(3, 2); break;
-        case 2 * 1: TILE(1, 1); break;
-        case 2 * 2: TILE(2, 1); break;
-        case 2 * 3: TILE(3, 1); break;
-        case 2 * 4: TILE(4, 1); break;
-        case 2 * 5: TILE(5, 1); break;
-        case 2 * 6: TILE(6, 1); break;
-        case 2 * 7: TILE(7, 1); break;
+    switch ((rows - r) * 4 + vecs) {   /* the remainder: (rows left, vecs) */
+        case 1 * 4 + 3: TILE(1, 3); break;
+        case 2 * 4 + 3: TILE(2, 3); break;
+        case 3 * 4 + 3: TILE(3, 3); break;
+        case 1 * 4 + 2: TILE(1, 2); break;
+        case 2 * 4 + 2: TILE(2, 2); break;
+        case 3 * 4 + 2: TILE(3, 2); break;
+        case 4 * 4 + 2: TILE(4, 2); break;
+        case 5 * 4 + 2: TILE(5, 2); break;
+        case 1 * 4 + 1: TILE(1, 1); break;
+        case 2 * 4 + 1: TILE(2, 1); break;
+        case 3 * 4 + 1: TILE(3, 1); break;
+        case 4 * 4 + 1: TILE(4, 1); break;
+        case 5 * 4 + 1: TILE(5, 1); break;
+        case 6 * 4 + 1: TILE(6, 1); break;
+        case 7 * 4 + 1: TILE(7, 1); break;
         default: break;
     }
 }
@@ -99,7 +104,11 @@ static void strip(const float *a, int64_t row_step, int64_t depth_step, const fl
 static void matmul(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb,
                    int64_t rows, int64_t depth, int64_t cols, float *c, int64_t ldc, float scale) {
     int64_t j = 0;
-    for (; j + 16 <= cols; j += 16) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 2, c, ldc, scale);
+    for (; j + 24 <= cols; j += 24) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 3, c, ldc, scale);
+    if (j + 16 <= cols) {
+        strip(a, row_step, depth_step, b, ldb, rows, depth, j, 2, c, ldc, scale);
+        j += 16;
+    }
     if (j < cols) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 1, c, ldc, scale);
 }
 

@@ -15,30 +15,26 @@
 
 #define BLOCK 32
 #define ROW_TILE 8
+#define MAX_ROWS 64        /* kernels/quant_matmul.py sends at most this many rows */
+#define SPAN_BLOCKS 24     /* at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
+#define GROUP_COLUMNS 32
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-static inline void dequant_block(const uint8_t *q, int bits, float scale, const float *offset, __m256 w[4]) {
-    __m256i parts[4];
-    if (bits == 4) {
-        const __m128i mask = _mm_set1_epi8(0x0F);
-        __m128i raw = _mm_loadu_si128((const __m128i *)q);
-        __m128i lo = _mm_and_si128(raw, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-        parts[0] = _mm256_cvtepu8_epi32(lo);
-        parts[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
-        parts[2] = _mm256_cvtepu8_epi32(hi);
-        parts[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+#define INLINE static inline __attribute__((always_inline))
+
+/* the j-th 8 values of a block (bits and whether there is an offset are constants after inlining) */
+INLINE __m256 dequant_part(const uint8_t *q, int bits, int j, __m256 scale, __m256 offset, int has_offset) {
+    __m256i codes;
+    if (bits == 4) {   /* j 0, 1: low nibbles of bytes 0-7, 8-15; j 2, 3: their high nibbles */
+        codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * (j & 1))));
+        codes = j < 2 ? _mm256_and_si256(codes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(codes, 4);
     } else {
-        for (int i = 0; i < 4; i++)
-            parts[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
+        codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j)));
     }
-    const __m256 d = _mm256_set1_ps(scale);
-    for (int i = 0; i < 4; i++) {
-        w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(parts[i]));
-        if (offset) w[i] = _mm256_add_ps(w[i], _mm256_set1_ps(*offset));
-    }
+    const __m256 w = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(codes));
+    return has_offset ? _mm256_add_ps(w, offset) : w;
 }
 
 static inline float sum_lanes(__m256 v) {
@@ -48,79 +44,112 @@ static inline float sum_lanes(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* rows [row0, row0 + tile) of x against output column n; tile is a constant after inlining,
-   so the accumulators stay in registers. Larger batches redo the dequantization per tile of
-   rows, which measured faster than accumulating many rows in memory. */
-static inline __attribute__((always_inline)) void tile_dot(
-        const float *x, int64_t row0, int tile, int64_t K, int64_t N, const uint8_t *q, int64_t q_block,
-        const float *scale, const float *offset, int bits, int64_t n, const float *bias, float *y) {
+/* rows [row0, row0 + tile) of x against column n over blocks [first, last) of the K axis. The lane
+   sums start from and go back to carry ([tile][8]) between spans; the last span writes y. tile,
+   bits and whether there is an offset are constants after inlining, so the accumulators stay in
+   registers and each block is dequantized one vector at a time, between the products. */
+INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const uint8_t *q, int64_t q_block,
+                     const float *scale, const float *offset, int bits, int has_offset, int64_t first, int64_t last,
+                     float *carry, int64_t N, int64_t n, const float *bias, float *y) {
     __m256 acc[ROW_TILE];
-    for (int i = 0; i < tile; i++) acc[i] = _mm256_setzero_ps();
-    const int64_t blocks = K / BLOCK;
-    for (int64_t b = 0; b < blocks; b++) {
-        __m256 w[4];
-        dequant_block(q + b * q_block, bits, scale[b], offset ? offset + b : NULL, w);
+    for (int i = 0; i < tile; i++) acc[i] = first == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(carry + 8 * i);
+    for (int64_t b = first; b < last; b++) {
         const float *xb = x + row0 * K + b * BLOCK;
-        for (int i = 0; i < tile; i++) {
-            const float *xr = xb + i * K;
-            acc[i] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[i]);
-            acc[i] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[i]);
-            acc[i] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[i]);
-            acc[i] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[i]);
+        const __m256 d = _mm256_set1_ps(scale[b]), m = has_offset ? _mm256_set1_ps(offset[b]) : d;
+        for (int j = 0; j < 4; j++) {
+            const __m256 w = dequant_part(q + b * q_block, bits, j, d, m, has_offset);
+            for (int i = 0; i < tile; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb + i * K + 8 * j), acc[i]);
         }
     }
-    for (int i = 0; i < tile; i++)
-        y[(row0 + i) * N + n] = sum_lanes(acc[i]) + (bias ? bias[n] : 0.0f);
+    if (last * BLOCK < K) {
+        for (int i = 0; i < tile; i++) _mm256_storeu_ps(carry + 8 * i, acc[i]);
+        return;
+    }
+    for (int i = 0; i < tile; i++) y[(row0 + i) * N + n] = sum_lanes(acc[i]) + (bias ? bias[n] : 0.0f);
 }
 
-static void column_dot(const float *x, int64_t M, int64_t K, int64_t N, const uint8_t *q, int64_t q_block,
-                       const float *scale, const float *offset, int bits, int64_t n, const float *bias, float *y) {
+#define TILE_DOT(T) tile_dot(x, row0, T, K, q, q_block, scale, offset, bits, has_offset, first, last, carry, N, n, \
+                             bias, y)
+
+INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t q_block, const float *scale,
+                     const float *offset, int bits, int has_offset, int64_t first, int64_t last, float *carry,
+                     int64_t N, int64_t n, const float *bias, float *y) {
     int64_t row0 = 0;
-    for (; row0 + ROW_TILE <= M; row0 += ROW_TILE)
-        tile_dot(x, row0, ROW_TILE, K, N, q, q_block, scale, offset, bits, n, bias, y);
+    for (; row0 + ROW_TILE <= M; row0 += ROW_TILE, carry += 8 * ROW_TILE) TILE_DOT(ROW_TILE);
     switch (M - row0) {
-        case 7: tile_dot(x, row0, 7, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 6: tile_dot(x, row0, 6, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 5: tile_dot(x, row0, 5, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 4: tile_dot(x, row0, 4, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 3: tile_dot(x, row0, 3, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 2: tile_dot(x, row0, 2, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
-        case 1: tile_dot(x, row0, 1, K, N, q, q_block, scale, offset, bits, n, bias, y); break;
+        case 7: TILE_DOT(7); break;
+        case 6: TILE_DOT(6); break;
+        case 5: TILE_DOT(5); break;
+        case 4: TILE_DOT(4); break;
+        case 3: TILE_DOT(3); break;
+        case 2: TILE_DOT(2); break;
+        case 1: TILE_DOT(1); break;
         default: break;
     }
 }
 
+/* columns [n0, n1), the K axis in equal spans of at most SPAN_BLOCKS, so that a span of x stays in
+   the L1 cache while every column reads it; carry holds each column's lane sums between spans. */
+INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale, const float *offset,
+                    int bits, int has_offset, int64_t N, const float *bias, float *y, int64_t n0, int64_t n1,
+                    float *carry) {
+    const int64_t blocks = K / BLOCK, q_block = bits == 4 ? BLOCK / 2 : BLOCK, per_column = 8 * M;
+    const int64_t spans = (blocks + SPAN_BLOCKS - 1) / SPAN_BLOCKS, span = (blocks + spans - 1) / spans;
+    for (int64_t first = 0; first < blocks; first += span) {
+        const int64_t last = first + span < blocks ? first + span : blocks;
+        for (int64_t n = n0; n < n1; n++)
+            rows_dot(x, M, K, q + n * blocks * q_block, q_block, scale + n * blocks,
+                     has_offset ? offset + n * blocks : NULL, bits, has_offset, first, last,
+                     carry + (n - n0) * per_column, N, n, bias, y);
+    }
+}
+
+static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                         const float *offset, int bits, int64_t N, const float *bias, float *y, int64_t n0,
+                         int64_t n1, float *carry) {
+    if (bits == 4 && offset) columns(x, M, K, q, scale, offset, 4, 1, N, bias, y, n0, n1, carry);
+    else if (bits == 4) columns(x, M, K, q, scale, offset, 4, 0, N, bias, y, n0, n1, carry);
+    else columns(x, M, K, q, scale, offset, 8, 0, N, bias, y, n0, n1, carry);
+}
+
 #else  /* portable C: the same arithmetic, one lane at a time */
 
-static void column_dot(const float *x, int64_t M, int64_t K, int64_t N, const uint8_t *q, int64_t q_block,
-                       const float *scale, const float *offset, int bits, int64_t n, const float *bias, float *y) {
-    for (int64_t i = 0; i < M; i++) {
-        const float *xr = x + i * K;
-        float lanes[8] = {0};
-        for (int64_t b = 0; b < K / BLOCK; b++) {
-            const uint8_t *qb = q + b * q_block;
-            for (int j = 0; j < BLOCK; j++) {
-                float qv = bits == 4 ? (float)((j < 16 ? qb[j] : qb[j - 16] >> 4) & 0x0F) : (float)(int8_t)qb[j];
-                float w = scale[b] * qv;
-                if (offset) w = w + offset[b];
-                lanes[j % 8] += w * xr[b * BLOCK + j];
+static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                         const float *offset, int bits, int64_t N, const float *bias, float *y, int64_t n0,
+                         int64_t n1, float *carry) {
+    const int64_t blocks = K / BLOCK, q_block = bits == 4 ? BLOCK / 2 : BLOCK;
+    (void)carry;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t i = 0; i < M; i++) {
+            const float *xr = x + i * K;
+            float lanes[8] = {0};
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint8_t *qb = q + (n * blocks + b) * q_block;
+                for (int j = 0; j < BLOCK; j++) {
+                    float qv = bits == 4 ? (float)((j < 16 ? qb[j] : qb[j - 16] >> 4) & 0x0F) : (float)(int8_t)qb[j];
+                    float w = scale[n * blocks + b] * qv;
+                    if (offset) w = w + offset[n * blocks + b];
+                    lanes[j % 8] += w * xr[b * BLOCK + j];
+                }
             }
+            float sum = 0.0f;
+            for (int l = 0; l < 8; l++) sum += lanes[l];
+            y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
         }
-        float s = 0.0f;
-        for (int l = 0; l < 8; l++) s += lanes[l];
-        y[i * N + n] = s + (bias ? bias[n] : 0.0f);
-    }
 }
 
 #endif
 
 /* x: [M, K] float32; q: [N, K / 32 * q_block] bytes; scale, offset: [N, K / 32] float32
- * (offset may be NULL); bias: [N] or NULL; y: [M, N] float32. K is a multiple of 32. */
+ * (offset may be NULL); bias: [N] or NULL; y: [M, N] float32. K is a multiple of 32, M at most
+ * MAX_ROWS. Columns go to the threads in groups; a group's lane sums wait in carry between spans. */
 void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                         const float *offset, int bits, int64_t N, const float *bias, float *y, int threads) {
-    const int64_t blocks = K / BLOCK, q_block = bits == 4 ? BLOCK / 2 : BLOCK;
+    int64_t group = N / (4 * (int64_t)threads);
+    group = group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++)
-        column_dot(x, M, K, N, q + n * blocks * q_block, q_block, scale + n * blocks,
-                   offset ? offset + n * blocks : NULL, bits, n, bias, y);
+    for (int64_t n0 = 0; n0 < N; n0 += group) {
+        float carry[GROUP_COLUMNS * MAX_ROWS * 8];
+        column_range(x, M, K, q, scale, offset, bits, N, bias, y, n0, n0 + group < N ? n0 + group : N, carry);
+    }
 }

@@ -83,11 +83,15 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return values.reshape(rows, cols)
 
 
+_address, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {   # kernels/quant_matmul.c
+    "swarm_quant_matmul": ([_address, _i64, _i64, _address, _address, _address, _int, _i64, _address, _address, _int],
+                           None)}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.declared("quant_matmul", {
-        "swarm_quant_matmul": ([ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int, i64, ptr, ptr, ctypes.c_int], None)})
+    return native.declared("quant_matmul", SIGNATURES)
 
 
 def available() -> bool:
@@ -99,9 +103,11 @@ def usable(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= MAX_ROWS
 
 
-def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ dequantize(weight).T + bias for float32 x [rows, cols] on a CPU."""
-    lib = _library()
+def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                 library: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x @ dequantize(weight).T + bias for float32 x [rows, cols] on a CPU. library: the built kernel
+    (tests pass its portable build)."""
+    lib = library or _library()
     rows, cols = weight.shape
     if x.shape[-1] != cols:
         raise ValueError(f"x has {x.shape[-1]} columns, the weight {cols}")

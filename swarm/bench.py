@@ -1,6 +1,7 @@
 """`swarm bench`: the same swarm workload through swarm (sharing on and off), transformers and
-llama.cpp, in one process, the systems taking turns on every configuration so that the ratios
-between them hold on a noisy machine.
+llama.cpp, the systems taking turns on every configuration so that the ratios between them hold
+on a noisy machine. swarm runs in this process; each peer in a worker process of its own
+(swarm/bench_process.py), as its users run it.
 
 Every model is loaded once. Each repeat of each configuration gets fresh random token ids, so
 no system finds a trunk already cached from an earlier run; within one repeat, every system
@@ -17,6 +18,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import SwarmError
 from kernels.backend import attention_ops
+from swarm.bench_peers import PeerUnavailable
+from swarm.bench_process import PeerProcess, PeerSpec
 from swarm.bench_report import BenchReport, ConfigResult, SystemResult
 from swarm.bench_workload import (PEERS, SYSTEMS, BenchOptions, Measurement, Stopwatch, Workload,
                                   agreement, make_workload)
@@ -108,12 +111,17 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
             missing[peer] = failure
         else:
             runners.append(runner)
-    progress("warming up", 0, 0)
-    for runner in runners:
-        runner.run(_warm_up_workload(options, config.vocab_size))
-    tally = _Tally(progress, len(options.configurations) * options.repeats * len(runners))
-    configs = [_run_config(options, trunk, agents, runners, missing, config.vocab_size, tally)
-               for trunk, agents in options.configurations]
+    try:
+        progress("warming up", 0, 0)
+        for runner in runners:
+            _measure(runner, _warm_up_workload(options, config.vocab_size))
+        tally = _Tally(progress, len(options.configurations) * options.repeats * len(runners))
+        configs = [_run_config(options, trunk, agents, runners, missing, config.vocab_size, tally)
+                   for trunk, agents in options.configurations]
+    finally:
+        for runner in runners:
+            if isinstance(runner, PeerProcess):
+                runner.close()
     engine = runners[0].llm.engine
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{r.name: r.version for r in runners}, **{name: None for name in missing}}
@@ -129,15 +137,11 @@ def _warm_up_workload(options: BenchOptions, vocab_size: int) -> Workload:
 
 
 def load_peer(name: str, options: BenchOptions, engine) -> tuple[Runner | None, SystemResult | None]:
-    """A peer runner for swarm's own model, or why there is none."""
-    from swarm.bench_peers import HFRunner, PeerUnavailable
-
+    """A peer runner for swarm's own model, in a worker process of its own, or why there is none."""
+    spec = PeerSpec(name, engine.source, engine.config, str(engine.device), options.hf_dtype,
+                    options.largest_kv_tokens, max(options.agents))
     try:
-        if name == "hf":
-            return HFRunner(engine.source, engine.device, options.hf_dtype), None
-        from swarm.bench_llamacpp import LlamaCppRunner
-        return LlamaCppRunner(engine.source, engine.config, engine.device,
-                              options.largest_kv_tokens, max(options.agents)), None
+        return PeerProcess(spec), None
     except PeerUnavailable as err:
         status = "not installed" if str(err).startswith("not installed") else "unavailable"
         return None, SystemResult(name, status, str(err))

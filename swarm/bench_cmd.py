@@ -40,7 +40,7 @@ def bench(
 ) -> None:
     """Compare swarm with prefix sharing against swarm without it, Hugging Face transformers (batched generate) and llama.cpp (trunk decoded once, then copied to every sequence).
 
-    Workload: N agents share a trunk of T tokens; each then reads its own S-token suffix and generates G tokens, greedy. Each pair of --agents and --trunk values is one configuration; the systems take turns on each, in one process, so their ratios hold on a busy machine.
+    Workload: N agents share a trunk of T tokens; each then reads its own S-token suffix and generates G tokens, greedy. Each pair of --agents and --trunk values is one configuration; the systems take turns on each, so their ratios hold on a busy machine. swarm runs in this process, each peer in a worker process of its own, as its users run it.
 
     Per system: KV bytes held at peak, prompt tokens computed, time to the first token of the last agent, aggregate decode tokens/s, end-to-end wall time, and each over swarm-with-sharing's.
 

@@ -1,13 +1,10 @@
 """The C shared-prefix attention and log-sum-exp merge (kernels/prefix_attention.c) against the
 torch oracle (kernels.cascade_attention), in the AVX2 build and the portable one."""
-import ctypes
-import shutil
-import subprocess
-
 import pytest
 import torch
 
-from kernels import cascade_attention, native, native_attention
+from kernels import cascade_attention, native_attention
+from tests.kernels import portable
 
 pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
 
@@ -74,16 +71,8 @@ def test_merge_matches_the_oracle_including_empty_pieces():
 @pytest.fixture(scope="module")
 def portable_library(tmp_path_factory):
     """The same source built without AVX2 or FMA: its plain-C path."""
-    compiler = native._compiler()
-    if compiler is None or shutil.which(compiler) is None:
-        pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp("portable") / "prefix_attention.so"
-    flags = ["-O2", "-fopenmp", "-shared", "-fPIC", "-mno-avx2", "-mno-fma"]
-    built = subprocess.run([compiler, *flags, str(native.SOURCE_DIR / "prefix_attention.c"), "-o", str(target)],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        pytest.skip(f"this compiler cannot turn AVX2 off: {built.stderr.strip()[:200]}")
-    return native.declare(ctypes.CDLL(str(target)), native_attention.PREFIX_SIGNATURES)
+    return portable.portable_library("prefix_attention", native_attention.PREFIX_SIGNATURES,
+                                     tmp_path_factory.mktemp("portable"))
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:])

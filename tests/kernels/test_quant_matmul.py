@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from kernels import native, quant_matmul
 from kernels.quant_matmul import dequantize, from_gguf_blocks
+from tests.kernels import portable
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
@@ -34,8 +35,9 @@ def test_blocks_dequantize_to_exactly_the_gguf_values(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [1, 5, 8, 13, 64])
-def test_product_equals_the_dequantized_matmul(qtype, rows):
-    weight, reference = gguf_weight(qtype)
+@pytest.mark.parametrize("cols", [320, 1600], ids=["one-span", "three-spans"])   # the kernel reads K in spans
+def test_product_equals_the_dequantized_matmul(qtype, rows, cols):
+    weight, reference = gguf_weight(qtype, cols=cols)
     x = torch.randn(rows, reference.shape[1])
     bias = torch.randn(reference.shape[0])
     expected = x.double() @ reference.double().T + bias.double()
@@ -43,8 +45,9 @@ def test_product_equals_the_dequantized_matmul(qtype, rows):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_a_rows_result_does_not_depend_on_its_batch(qtype):
-    weight, reference = gguf_weight(qtype)
+@pytest.mark.parametrize("cols", [320, 1600], ids=["one-span", "three-spans"])
+def test_a_rows_result_does_not_depend_on_its_batch(qtype, cols):
+    weight, reference = gguf_weight(qtype, cols=cols)
     x = torch.randn(29, reference.shape[1])
     together = quant_matmul.quant_matmul(x, weight)
     alone = torch.cat([quant_matmul.quant_matmul(x[i:i + 1], weight) for i in range(len(x))])
@@ -55,6 +58,16 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype):
         assert torch.equal(quant_matmul.quant_matmul(x, weight), together)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_portable_build_equals_the_dequantized_matmul(tmp_path):
+    library = portable.portable_library("quant_matmul", quant_matmul.SIGNATURES, tmp_path)
+    for qtype in TYPES:
+        weight, reference = gguf_weight(qtype, cols=1600)
+        x, bias = torch.randn(13, 1600), torch.randn(reference.shape[0])
+        out = quant_matmul.quant_matmul(x, weight, bias, library)
+        expected = x.double() @ reference.double().T + bias.double()
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_reordered_rows_follow_the_weight():

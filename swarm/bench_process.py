@@ -1,0 +1,142 @@
+"""Each `swarm bench` peer (transformers, llama.cpp) runs in a worker process of its own, so it runs
+as its users run it: nothing swarm's engine sets for its own process reaches it (the allocator
+thresholds of engine/host_memory.py sped transformers up by a tenth when it shared the process).
+The systems still take turns: a worker computes only while the bench waits on it.
+
+    bench process                          worker process (one a peer)
+    PeerProcess(PeerSpec)  ── spec ─────▶  make_peer(spec) -> ("ready", version) | ("unavailable", why)
+    .run(workload)         ── workload ─▶  runner.run(workload) -> ("ok", Measurement) | ("error", why)
+    .close()               ── None ─────▶  returns
+
+Times are taken inside the worker, so the pipe's copies are not in them.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.loader import ModelSource
+from swarm.bench_peers import PeerUnavailable
+from swarm.bench_workload import SYSTEMS, Measurement, Workload
+
+CLOSE_TIMEOUT_S = 30
+
+@dataclass(frozen=True, slots=True)
+class PeerSpec:
+    name: str                # "hf" or "llamacpp"
+    source: ModelSource
+    config: ModelConfig
+    device: str
+    hf_dtype: str
+    max_kv_tokens: int
+    max_seqs: int
+
+
+def make_peer(spec: PeerSpec):
+    """The peer's runner, in this process."""
+    if spec.name == "hf":
+        from swarm.bench_peers import HFRunner
+        return HFRunner(spec.source, torch.device(spec.device), spec.hf_dtype)
+    from swarm.bench_llamacpp import LlamaCppRunner
+    return LlamaCppRunner(spec.source, spec.config, torch.device(spec.device), spec.max_kv_tokens, spec.max_seqs)
+
+
+class PeerProcess:
+    """A peer runner living in its own worker process (`python -m swarm.bench_process`, talking
+    pickles over a pair of pipes); raises PeerUnavailable as make_peer would."""
+
+    def __init__(self, spec: PeerSpec):
+        self.name = spec.name
+        to_worker, worker_in = _pipe()
+        worker_out, from_worker = _pipe()
+        root = str(Path(__file__).parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        self._process = subprocess.Popen([sys.executable, "-m", "swarm.bench_process", str(to_worker.fileno()),
+                                          str(from_worker.fileno())], pass_fds=(to_worker.fileno(),
+                                                                                from_worker.fileno()), env=env)
+        to_worker.close()
+        from_worker.close()
+        self._send, self._receive_end = worker_in, worker_out
+        try:
+            self._send.send(spec)
+            status, detail = self._receive()
+        except RuntimeError as err:
+            self.close()
+            raise PeerUnavailable(str(err)) from None
+        if status != "ready":
+            self.close()
+            raise PeerUnavailable(detail)
+        self.version = detail
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def run(self, workload: Workload) -> Measurement:
+        try:
+            self._send.send(workload)
+        except OSError:
+            self._ended()
+        status, detail = self._receive()
+        if status != "ok":
+            raise RuntimeError(detail)
+        return detail
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            try:
+                self._send.send(None)
+            except OSError:
+                pass
+            try:
+                self._process.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._send.close()
+        self._receive_end.close()
+
+    def _receive(self):
+        try:
+            return self._receive_end.recv()
+        except (EOFError, OSError):
+            self._ended()
+
+    def _ended(self):
+        try:
+            code = self._process.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        raise RuntimeError(f"the {SYSTEMS[self.name]} worker process ended (exit code {code})")
+
+
+def _pipe() -> tuple[Connection, Connection]:
+    """(the end the worker reads or writes, this process's end), as pickling connections."""
+    read, write = os.pipe()
+    return Connection(read, writable=False), Connection(write, readable=False)
+
+
+def _serve(inbox: Connection, outbox: Connection) -> None:
+    spec = inbox.recv()
+    try:
+        runner = make_peer(spec)
+    except PeerUnavailable as err:
+        outbox.send(("unavailable", str(err)))
+        return
+    outbox.send(("ready", runner.version))
+    while (workload := inbox.recv()) is not None:
+        try:
+            outbox.send(("ok", runner.run(workload)))
+        except Exception as err:   # reported in the bench's table as this system's error
+            outbox.send(("error", f"{type(err).__name__}: {err}".splitlines()[0]))
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

@@ -1,0 +1,57 @@
+"""`swarm bench`'s peers in worker processes of their own: real spawned processes, checked against
+the same runner in this process."""
+import os
+import signal
+
+import pytest
+import torch
+
+from engine.loader import load_model_config, resolve_model
+from swarm.bench_peers import HFRunner, PeerUnavailable
+from swarm.bench_process import PeerProcess, PeerSpec
+from swarm.bench_workload import make_workload
+from tests.engine.tiny_models import make_tiny_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    return resolve_model(str(make_tiny_model(tmp_path_factory.mktemp("peer") / "llama", "llama")))
+
+
+def spec(source, name="hf"):
+    return PeerSpec(name, source, load_model_config(source), "cpu", "float32", max_kv_tokens=256, max_seqs=4)
+
+
+def test_a_peer_runs_in_its_own_process_and_measures_what_it_would_here(tiny_source):
+    workload = make_workload(agents=3, trunk=20, suffix=4, new_tokens=5, vocab_size=256, seed="peer")
+    peer = PeerProcess(spec(tiny_source))
+    try:
+        assert peer.pid not in (None, os.getpid())
+        assert peer.version == HFRunner(tiny_source, torch.device("cpu"), "float32").version
+        measured = peer.run(workload)
+    finally:
+        peer.close()
+    here = HFRunner(tiny_source, torch.device("cpu"), "float32").run(workload)
+    assert measured.outputs == here.outputs
+    assert (measured.kv_bytes_peak, measured.prompt_tokens_computed) == (here.kv_bytes_peak,
+                                                                         here.prompt_tokens_computed)
+    with pytest.raises(ProcessLookupError):   # closed: the worker has exited and been reaped
+        os.kill(peer.pid, 0)
+
+
+def test_a_peer_that_cannot_read_the_model_says_why_from_its_process(tiny_source):
+    with pytest.raises(PeerUnavailable, match=r"\.gguf|pip install llama-cpp-python"):
+        PeerProcess(spec(tiny_source, "llamacpp"))
+
+
+def test_a_worker_that_dies_is_an_error_for_that_run_not_a_hang(tiny_source):
+    workload = make_workload(agents=2, trunk=10, suffix=2, new_tokens=2, vocab_size=256, seed="dies")
+    peer = PeerProcess(spec(tiny_source))
+    try:
+        os.kill(peer.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="transformers worker process ended"):
+            peer.run(workload)
+    finally:
+        peer.close()
