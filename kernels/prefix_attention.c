@@ -59,7 +59,10 @@ static inline __attribute__((always_inline)) void tile(const float *a, int64_t r
         for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < depth; d++) {
         __m256 bv[3];
-        for (int i = 0; i < vecs; i++) bv[i] = _mm256_loadu_ps(b + d * ldb + 8 * i);
+        for (int i = 0; i < vecs; i++) {
+            bv[i] = _mm256_loadu_ps(b + d * ldb + 8 * i);
+            __asm__("" : "+x"(bv[i]));   /* keeps it in a register: GCC would reload it for every row */
+        }
         for (int r = 0; r < rows; r++) {
             const __m256 x = _mm256_broadcast_ss(a + r * row_step + d * depth_step);
             for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_fmadd_ps(x, bv[i], acc[r][i]);
