@@ -147,10 +147,11 @@ class Attention(nn.Module):
             out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)
         elif batch.prefill_groups:
             out = cascade_prefill.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                                    batch.query_lens, batch.prefill_groups, self.scale, _prefix_kv)
+                                                    batch.query_lens, batch.prefill_groups, self.scale, _prefix_kv,
+                                                    ops.prefill_rows)
         else:
             out = paged_attention.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                                    batch.query_lens, self.scale)
+                                                    batch.query_lens, self.scale, ops.prefill_rows)
         return self.o_proj(out.reshape(q.shape[0], -1))
 
 

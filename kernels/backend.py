@@ -3,7 +3,7 @@
     SWARM_ATTENTION_BACKEND   unset/auto: Triton when the device is a GPU (CUDA or ROCm
                                           build of torch) and triton imports; on a CPU,
                                           native (or sdpa without a C compiler); else torch
-                              native:     both halves of the cascade in C
+                              native:     both halves of the cascade, and prefill, in C
                                           (kernels.native_attention); auto's choice on
                                           a CPU where a C compiler works
                               sdpa:       torch's fused CPU attention (kernels.sdpa_attention)
@@ -11,8 +11,9 @@
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
                                           (the interpreter, slow: for tests)
 
-Prefill attention always runs on torch's SDPA; with native and sdpa, prompts that continue one
-cached trunk attend to it together (kernels.cascade_prefill).
+Prefill attention runs in C with native (kernels/rows_attention.c), elsewhere on torch's SDPA;
+with native and sdpa, prompts that continue one cached trunk attend to it together
+(kernels.cascade_prefill).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class AttentionOps:
     prefix_attention: Callable
     merge_attention: Callable
     cascade_prefill: bool = False   # prompts continuing one cached trunk read it together (CPU)
+    prefill_rows: Callable | None = None   # prefill attention (native_attention.rows_attention); None: SDPA
 
 
 TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
@@ -51,7 +53,8 @@ TORCH_OPS = AttentionOps("torch", paged_attention.write_kv, cascade_attention.pa
 SDPA_OPS = AttentionOps("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                         sdpa_attention.prefix_attention, cascade_attention.merge_attention, cascade_prefill=True)
 NATIVE_OPS = AttentionOps("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
-                          native_attention.prefix_attention, native_attention.merge_attention, cascade_prefill=True)
+                          native_attention.prefix_attention, native_attention.merge_attention, cascade_prefill=True,
+                          prefill_rows=native_attention.rows_attention)
 
 
 def attention_ops(device: torch.device) -> AttentionOps:

@@ -1,8 +1,9 @@
 """Builds the C kernels next to this file once per machine and loads them with ctypes.
 
 The shared library is cached under $SWARM_CACHE_DIR (default ~/.cache/swarm) by a hash of
-the source, the flags, the compiler and this CPU, so later runs load it in milliseconds. Where
-no C compiler works, `load` returns None and the callers keep their PyTorch path.
+the source (with the headers beside it), the flags, the compiler and this CPU, so later runs
+load it in milliseconds. Where no C compiler works, `load` returns None and the callers keep
+their PyTorch path.
 
     CC   the compiler to use (default: cc, then gcc, then clang)
 """
@@ -34,7 +35,8 @@ def cache_dir() -> Path:
 def load(name: str) -> ctypes.CDLL | None:
     """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built.
     Its libgomp.so.1 resolves to torch's copy, imported above."""
-    source = (SOURCE_DIR / f"{name}.c").read_bytes()
+    headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
+    source = (SOURCE_DIR / f"{name}.c").read_bytes() + headers
     compiler = _compiler()
     if compiler is None:
         warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")

@@ -30,13 +30,23 @@ PREFIX_SIGNATURES = {   # kernels/prefix_attention.c
     "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)}
 
 
+ROWS_SIGNATURES = {   # kernels/rows_attention.c
+    "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, ctypes.c_int, ctypes.c_float, _ptr, _ptr,
+                              ctypes.c_int], ctypes.c_int)}
+
+
 @functools.cache
 def _prefix_library() -> ctypes.CDLL | None:
     return native.declared("prefix_attention", PREFIX_SIGNATURES)
 
 
+@functools.cache
+def _rows_library() -> ctypes.CDLL | None:
+    return native.declared("rows_attention", ROWS_SIGNATURES)
+
+
 def available() -> bool:
-    return _library() is not None and _prefix_library() is not None
+    return _library() is not None and _prefix_library() is not None and _rows_library() is not None
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
@@ -54,6 +64,28 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     if failed:
         raise MemoryError("shared-prefix attention could not allocate its scratch memory")
+    return out, lse
+
+
+def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+                   library: ctypes.CDLL | None = None):
+    """Prefill rows q [tokens, heads, dim] over one span of keys k, v [keys, kv_heads, dim]
+    -> out (float32) [tokens, heads, dim], lse [tokens, heads]. causal: the tokens are the span's
+    last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
+    contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
+    float32 CPU tensors only, others go to the SDPA path. library: tests pass the portable build."""
+    tokens, heads, dim = q.shape
+    if not (q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and dim % 8 == 0
+            and len(k) >= tokens * causal and len(k) > 0):
+        return (sdpa_attention.causal_tail_with_lse if causal else sdpa_attention.prefix_attention)(q, k, v, scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty(tokens, heads, dim)
+    lse = torch.empty(tokens, heads)
+    failed = (library or _rows_library()).swarm_rows_attention(
+        q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(), k.shape[0], int(causal), scale,
+        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("prefill attention could not allocate its scratch memory")
     return out, lse
 
 

@@ -26,17 +26,21 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: list[torch.Tensor], context_lens: list[int],
-                      query_lens: list[int], scale: float) -> torch.Tensor:
+                      query_lens: list[int], scale: float, rows_attention=None) -> torch.Tensor:
     """Causal attention for new tokens on top of each sequence's cached ones.
 
     q: [sum(query_lens), heads, head_dim], sequences packed in order. The new tokens of a
-    sequence are the last query_len of its context_len tokens.
+    sequence are the last query_len of its context_len tokens. rows_attention: a faster kernel with
+    native_attention.rows_attention's contract; None for torch's SDPA.
     """
     outputs, start = [], 0
     for table, ctx, qlen in zip(block_tables, context_lens, query_lens):
         k = gather_kv(k_cache, table, ctx)
         v = gather_kv(v_cache, table, ctx)
-        outputs.append(_causal_attention(q[start:start + qlen], k, v, scale))
+        if rows_attention is None:
+            outputs.append(_causal_attention(q[start:start + qlen], k, v, scale))
+        else:
+            outputs.append(rows_attention(q[start:start + qlen], k, v, scale, True)[0].to(q.dtype))
         start += qlen
     return torch.cat(outputs)
 

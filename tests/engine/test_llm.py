@@ -61,6 +61,32 @@ def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cp
     assert [o.token_ids for o in got] == [o.token_ids for o in plain]
 
 
+def test_the_native_backend_prefills_in_c_with_the_tokens_sdpa_gives(monkeypatch, tiny_model_dir):
+    from kernels import backend, native_attention
+
+    if not native_attention.available():
+        pytest.skip("no C compiler here")
+    kinds = []
+    library = native_attention._rows_library()
+
+    class Spy:   # forwards to the real kernel, noting whether each call was causal
+        def swarm_rows_attention(self, *args):
+            kinds.append(args[8])
+            return library.swarm_rows_attention(*args)
+
+    monkeypatch.setattr(native_attention, "_rows_library", Spy)
+    trunk = list(range(4, 100))
+    prompts = [trunk + [200 + i, 7, 8] for i in range(3)]
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    folder = str(tiny_model_dir("llama"))
+    monkeypatch.setenv(backend.BACKEND_ENV, "native")
+    got = LLM(folder, kv_budget_tokens=2048).generate(prompts, params)
+    assert {0, 1} <= set(kinds), "the trunk (causal) and the suffixes over it (not causal) ran in C"
+    monkeypatch.setenv(backend.BACKEND_ENV, "sdpa")
+    reference = LLM(folder, kv_budget_tokens=2048).generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in reference]
+
+
 def test_trunk_is_computed_once(tiny_model_dir):
     llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192)
     trunk, prompts = swarm_prompts(trunk_len=203, suffix_len=30)
