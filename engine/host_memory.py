@@ -25,4 +25,5 @@ def keep_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    mapped = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    return bool(mapped and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

@@ -24,7 +24,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_len
     `prefix_kv(cache, prefix)` gives the prefix's K or V as [tokens, kv_heads, dim].
     rows_attention(q, k, v, scale, causal) -> (out, lse): native_attention.rows_attention's
     contract; None for torch's fused kernel."""
-    attend = rows_attention or _sdpa_rows
+    attend = rows_attention or sdpa_attention.rows_attention
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
@@ -48,7 +48,3 @@ def prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_len
                                                           [block_tables[i]], [context_lens[i]], [query_lens[i]],
                                                           scale, rows_attention)
     return torch.cat([piece.to(q.dtype) for piece in pieces])
-
-
-def _sdpa_rows(q, k, v, scale, causal):
-    return (sdpa_attention.causal_tail_with_lse if causal else sdpa_attention.prefix_attention)(q, k, v, scale)

@@ -77,7 +77,7 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     tokens, heads, dim = q.shape
     if not (q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and dim % 8 == 0
             and len(k) >= tokens * causal and len(k) > 0):
-        return (sdpa_attention.causal_tail_with_lse if causal else sdpa_attention.prefix_attention)(q, k, v, scale)
+        return sdpa_attention.rows_attention(q, k, v, scale, causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty(tokens, heads, dim)
     lse = torch.empty(tokens, heads)

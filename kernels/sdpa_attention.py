@@ -63,6 +63,12 @@ def causal_tail_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return _rows_attention(q, k, v, mask, scale)
 
 
+def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):
+    """Prefill rows over one key span, causal_tail_with_lse or prefix_attention: the contract of
+    kernels.native_attention.rows_attention."""
+    return (causal_tail_with_lse if causal else prefix_attention)(q, k, v, scale)
+
+
 def _rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
     """Rows q [rows, heads, dim] over one key set k, v [keys, kv_heads, dim], in one kernel call:
     each KV head's query heads, over all rows, become its query rows (row-major, then head).

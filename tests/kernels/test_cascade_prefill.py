@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine.decode_plan import plan_prefill
-from kernels import cascade_prefill, paged_attention, sdpa_attention
+from kernels import cascade_prefill, native_attention, paged_attention, sdpa_attention
 
 BLOCK, KV_HEADS, HEADS, DIM = 4, 2, 6, 8
 SCALE = DIM ** -0.5
@@ -16,7 +16,12 @@ def prefix_kv(cache, prefix):
     return cache[ids].reshape(-1, *cache.shape[2:])
 
 
-def run_both(tables, starts, query_lens, dtype=torch.float32, seed=0, min_prefix_tokens=8):
+KERNELS = [pytest.param(None, id="sdpa"),
+           pytest.param(native_attention.rows_attention, id="native",
+                        marks=pytest.mark.skipif(not native_attention.available(), reason="no C compiler"))]
+
+
+def run_both(tables, starts, query_lens, dtype=torch.float32, seed=0, min_prefix_tokens=8, rows_attention=None):
     gen = torch.Generator().manual_seed(seed)
     k_cache = torch.randn(64, BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
     v_cache = torch.randn(64, BLOCK, KV_HEADS, DIM, generator=gen).to(dtype)
@@ -27,26 +32,28 @@ def run_both(tables, starts, query_lens, dtype=torch.float32, seed=0, min_prefix
     expected = paged_attention.prefill_attention(q.float(), k_cache.float(), v_cache.float(), block_tables,
                                                  context_lens, query_lens, SCALE)
     got = cascade_prefill.prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens,
-                                            groups, SCALE, prefix_kv)
+                                            groups, SCALE, prefix_kv, rows_attention)
     return groups, got, expected
 
 
+@pytest.mark.parametrize("rows_attention", KERNELS)
 @pytest.mark.parametrize("seed", range(3))
-def test_suffixes_after_a_shared_trunk_match_the_reference(seed):
+def test_suffixes_after_a_shared_trunk_match_the_reference(seed, rows_attention):
     trunk = [3, 4, 5, 6, 7]                                   # 20 tokens, all cached
     tables = [trunk + [10, 11], trunk + [12, 13, 14], trunk + [15]]
     starts, query_lens = [20, 20, 20], [6, 10, 3]
-    groups, got, expected = run_both(tables, starts, query_lens, seed=seed)
+    groups, got, expected = run_both(tables, starts, query_lens, seed=seed, rows_attention=rows_attention)
     assert [seqs for seqs, _ in groups] == [[0, 1, 2]] and groups[0][1].num_blocks == 5
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_cached_parts_past_the_trunk_mid_block_starts_and_a_lone_prompt():
+@pytest.mark.parametrize("rows_attention", KERNELS)
+def test_cached_parts_past_the_trunk_mid_block_starts_and_a_lone_prompt(rows_attention):
     trunk = [1, 2, 3, 4]
     tables = [trunk + [20, 21, 22], [30, 31], trunk + [23, 24], trunk[:2] + [25, 26, 27]]
     starts = [22, 3, 17, 9]                                   # row 3 shares only 2 blocks: the group takes 2
     query_lens = [5, 4, 3, 10]
-    groups, got, expected = run_both(tables, starts, query_lens)
+    groups, got, expected = run_both(tables, starts, query_lens, rows_attention=rows_attention)
     assert [(seqs, prefix.num_blocks) for seqs, prefix in groups] == [([0, 2, 3], 2)]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
