@@ -13,6 +13,7 @@ Times are taken inside the worker, so the pipe's copies are not in them.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class PeerProcess:
         to_worker.close()
         from_worker.close()
         self._send, self._receive_end = worker_in, worker_out
+        self._busy = False   # a workload is out: on close, the worker is stopped, not waited for
         try:
             self._send.send(spec)
             status, detail = self._receive()
@@ -80,16 +82,21 @@ class PeerProcess:
         return self._process.pid
 
     def run(self, workload: Workload) -> Measurement:
+        self._busy = True
         try:
             self._send.send(workload)
         except OSError:
             self._ended()
         status, detail = self._receive()
+        self._busy = False
         if status != "ok":
             raise RuntimeError(detail)
         return detail
 
     def close(self) -> None:
+        """Ends the worker: at once when it is still computing (the bench was interrupted)."""
+        if self._busy:
+            self._process.kill()
         if self._process.poll() is None:
             try:
                 self._send.send(None)
@@ -139,4 +146,5 @@ def _serve(inbox: Connection, outbox: Connection) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the bench's to handle: it then stops this worker
     _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

@@ -2,6 +2,8 @@
 the same runner in this process."""
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -55,3 +57,31 @@ def test_a_worker_that_dies_is_an_error_for_that_run_not_a_hang(tiny_source):
             peer.run(workload)
     finally:
         peer.close()
+
+
+def test_ctrl_c_is_left_to_the_bench_and_a_busy_worker_is_stopped_at_once(tiny_source):
+    peer = PeerProcess(spec(tiny_source))
+    errors = []
+
+    def run_long():
+        long = make_workload(agents=4, trunk=200, suffix=8, new_tokens=1800, vocab_size=256, seed="long")
+        try:
+            peer.run(long)
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    try:
+        os.kill(peer.pid, signal.SIGINT)   # the terminal sends it to the whole process group
+        small = make_workload(agents=2, trunk=10, suffix=2, new_tokens=2, vocab_size=256, seed="int")
+        assert peer.run(small).outputs   # the worker ignored it
+        running = threading.Thread(target=run_long, daemon=True)
+        running.start()
+        time.sleep(1)
+    finally:
+        started = time.monotonic()
+        peer.close()
+    assert time.monotonic() - started < 10
+    running.join(10)
+    assert errors and "worker process ended" in errors[0]   # stopped mid-run, not waited for
+    with pytest.raises(ProcessLookupError):
+        os.kill(peer.pid, 0)
