@@ -55,16 +55,15 @@ class PeerProcess:
 
     def __init__(self, spec: PeerSpec):
         self.name = spec.name
-        to_worker, worker_in = _pipe()
-        worker_out, from_worker = _pipe()
+        worker_reads, self._send = _pipe()
+        self._receive_end, worker_writes = _pipe()
+        ends = (worker_reads.fileno(), worker_writes.fileno())
         root = str(Path(__file__).parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-        self._process = subprocess.Popen([sys.executable, "-m", "swarm.bench_process", str(to_worker.fileno()),
-                                          str(from_worker.fileno())], pass_fds=(to_worker.fileno(),
-                                                                                from_worker.fileno()), env=env)
-        to_worker.close()
-        from_worker.close()
-        self._send, self._receive_end = worker_in, worker_out
+        self._process = subprocess.Popen([sys.executable, "-m", "swarm.bench_process", *map(str, ends)],
+                                         pass_fds=ends, env=env)
+        worker_reads.close()
+        worker_writes.close()
         self._busy = False   # a workload is out: on close, the worker is stopped, not waited for
         try:
             self._send.send(spec)
@@ -125,7 +124,7 @@ class PeerProcess:
 
 
 def _pipe() -> tuple[Connection, Connection]:
-    """(the end the worker reads or writes, this process's end), as pickling connections."""
+    """A pipe's (read end, write end), as connections that carry pickled objects."""
     read, write = os.pipe()
     return Connection(read, writable=False), Connection(write, readable=False)
 
