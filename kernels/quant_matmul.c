@@ -15,7 +15,7 @@
 
 #define BLOCK 32
 #define ROW_TILE 8
-#define MAX_ROWS 64        /* kernels/quant_matmul.py sends at most this many rows */
+#define MAX_ROWS 64        /* rows a pass (kernels/quant_matmul.py sends no more for decode) */
 #define SPAN_BLOCKS 24     /* at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
 #define GROUP_COLUMNS 32
 
@@ -141,15 +141,20 @@ static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q,
 #endif
 
 /* x: [M, K] float32; q: [N, K / 32 * q_block] bytes; scale, offset: [N, K / 32] float32
- * (offset may be NULL); bias: [N] or NULL; y: [M, N] float32. K is a multiple of 32, M at most
- * MAX_ROWS. Columns go to the threads in groups; a group's lane sums wait in carry between spans. */
+ * (offset may be NULL); bias: [N] or NULL; y: [M, N] float32. K is a multiple of 32. Rows go
+ * MAX_ROWS at a time, columns to the threads in groups; a group's lane sums wait in carry
+ * between spans. */
 void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                         const float *offset, int bits, int64_t N, const float *bias, float *y, int threads) {
     int64_t group = N / (4 * (int64_t)threads);
     group = group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n0 = 0; n0 < N; n0 += group) {
-        float carry[GROUP_COLUMNS * MAX_ROWS * 8];
-        column_range(x, M, K, q, scale, offset, bits, N, bias, y, n0, n0 + group < N ? n0 + group : N, carry);
+    for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int64_t rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t n0 = 0; n0 < N; n0 += group) {
+            float carry[GROUP_COLUMNS * MAX_ROWS * 8];
+            column_range(x + r0 * K, rows, K, q, scale, offset, bits, N, bias, y + r0 * N, n0,
+                         n0 + group < N ? n0 + group : N, carry);
+        }
     }
 }

@@ -34,7 +34,7 @@ def test_blocks_dequantize_to_exactly_the_gguf_values(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("rows", [1, 5, 8, 13, 64])
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 64, 70])
 @pytest.mark.parametrize("cols", [320, 1600], ids=["one-span", "three-spans"])   # the kernel reads K in spans
 def test_product_equals_the_dequantized_matmul(qtype, rows, cols):
     weight, reference = gguf_weight(qtype, cols=cols)
