@@ -141,4 +141,16 @@ static void softmax_columns(float *st, int64_t n, int64_t cols, float *top, floa
 
 #endif
 
+/* After softmax_columns over a chunk's scores st [n x cols]: each of the first `rows` rows'
+   partial = (max, sum, unnormalised output [dim]), its output P V with P read as st's transpose
+   and V's rows `stride` floats apart. The kernels merge these partials by log-sum-exp. */
+static inline void chunk_partial(const float *st, const float *sums, const float *v, int64_t stride, int64_t rows,
+                                 int64_t cols, int64_t n, int64_t dim, float *partial) {
+    for (int64_t r = 0; r < rows; r++) {
+        partial[r * (dim + 2)] = sums[r];
+        partial[r * (dim + 2) + 1] = sums[cols + r];
+    }
+    matmul(st, 1, cols, v, stride, rows, n, dim, partial + 2, dim + 2, 1.0f);
+}
+
 #endif

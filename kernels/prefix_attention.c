@@ -36,11 +36,7 @@ static void chunk_attention(const float *qt, const float *k, const float *v, Sha
     const int64_t cols = s.padded_rows;
     matmul(k, s.stride, 1, qt, cols, n, s.dim, cols, st, cols, scale);
     softmax_columns(st, n, cols, sums, sums + cols);
-    for (int64_t r = 0; r < s.rows; r++) {
-        partial[r * (s.dim + 2)] = sums[r];
-        partial[r * (s.dim + 2) + 1] = sums[cols + r];
-    }
-    matmul(st, 1, cols, v, s.stride, s.rows, n, s.dim, partial + 2, s.dim + 2, 1.0f);  /* P read as st's transpose */
+    chunk_partial(st, sums, v, s.stride, s.rows, cols, n, s.dim, partial);
 }
 
 /* out[row] and lse[row] from the chunks' partials, merged in chunk order */

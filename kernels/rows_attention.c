@@ -86,11 +86,7 @@ static void block_attention(const float *q, const float *k, const float *v, cons
         if (masked) mask(w.st, n, cols, first, p, token0, rows, MASKED);
         softmax_columns(w.st, n, cols, w.sums, w.sums + cols);
         if (masked) mask(w.st, n, cols, first, p, token0, rows, 0.0f);
-        for (int64_t r = 0; r < rows; r++) {
-            w.partial[r * (dim + 2)] = w.sums[r];
-            w.partial[r * (dim + 2) + 1] = w.sums[cols + r];
-        }
-        matmul(w.st, 1, cols, vc, p->stride, rows, n, dim, w.partial + 2, dim + 2, 1.0f);
+        chunk_partial(w.st, w.sums, vc, p->stride, rows, cols, n, dim, w.partial);
         fold(w.running, w.partial, rows, dim, first == 0);
     }
     for (int64_t r = 0; r < rows; r++) {
