@@ -49,12 +49,16 @@ def available() -> bool:
     return _library() is not None and _prefix_library() is not None and _rows_library() is not None
 
 
+def _takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the C kernels take these: float32 on a CPU, heads a multiple of 8 wide."""
+    return q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and q.shape[-1] % 8 == 0
+
+
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """Contract of kernels.cascade_attention.prefix_attention; float32 CPU tensors only, others go
     to the SDPA path."""
     batch, heads, dim = q.shape
-    if not (q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and dim % 8 == 0
-            and len(k) > 0):
+    if not (_takes_c(q, k, v) and len(k) > 0):
         return sdpa_attention.prefix_attention(q, k, v, scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty(batch, heads, dim)
@@ -75,8 +79,7 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
     float32 CPU tensors only, others go to the SDPA path. library: tests pass the portable build."""
     tokens, heads, dim = q.shape
-    if not (q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and dim % 8 == 0
-            and len(k) >= tokens * causal and len(k) > 0):
+    if not (_takes_c(q, k, v) and len(k) >= tokens * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty(tokens, heads, dim)
@@ -94,8 +97,7 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """Contract of kernels.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
     others go to the SDPA path."""
     batch, heads, dim = q.shape
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32 and q.device.type == "cpu"
-            and dim % 8 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()):
+    if not (_takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)
     q = q.contiguous()
     tables = block_tables.to(torch.int64).contiguous()
