@@ -104,14 +104,14 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
     config = runners[0].llm.config
     _check_context(options, config.max_position_embeddings)
     missing = {}
-    for peer in options.peers:
-        progress(f"loading {SYSTEMS[peer]}", 0, 0)
-        runner, failure = load_peer(peer, options, runners[0].llm.engine)
-        if runner is None:
-            missing[peer] = failure
-        else:
-            runners.append(runner)
     try:
+        for peer in options.peers:
+            progress(f"loading {SYSTEMS[peer]}", 0, 0)
+            runner, failure = load_peer(peer, options, runners[0].llm.engine)
+            if runner is None:
+                missing[peer] = failure
+            else:
+                runners.append(runner)
         progress("warming up", 0, 0)
         for runner in runners:
             _measure(runner, _warm_up_workload(options, config.vocab_size))

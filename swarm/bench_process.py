@@ -130,6 +130,13 @@ def _pipe() -> tuple[Connection, Connection]:
 
 
 def _serve(inbox: Connection, outbox: Connection) -> None:
+    try:
+        _answer(inbox, outbox)
+    except (EOFError, BrokenPipeError):   # the bench is gone (interrupted, say): nothing to report to
+        pass
+
+
+def _answer(inbox: Connection, outbox: Connection) -> None:
     spec = inbox.recv()
     try:
         runner = make_peer(spec)

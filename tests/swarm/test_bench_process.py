@@ -2,8 +2,11 @@
 the same runner in this process."""
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from swarm.bench_workload import make_workload
 from tests.engine.tiny_models import make_tiny_model
 
 pytest.importorskip("transformers")
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +89,28 @@ def test_ctrl_c_is_left_to_the_bench_and_a_busy_worker_is_stopped_at_once(tiny_s
     assert errors and "worker process ended" in errors[0]   # stopped mid-run, not waited for
     with pytest.raises(ProcessLookupError):
         os.kill(peer.pid, 0)
+
+
+def test_a_worker_whose_bench_is_gone_ends_quietly(tiny_source):
+    code = f"""
+import os
+from engine.loader import load_model_config, resolve_model
+from swarm.bench_process import PeerProcess, PeerSpec
+source = resolve_model({str(tiny_source.path)!r})
+peer = PeerProcess(PeerSpec("hf", source, load_model_config(source), "cpu", "float32", 256, 4))
+print(peer.pid, flush=True)
+os._exit(0)   # gone without closing it, as after a crash
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    # the worker writes to the same stderr, so this returns once it has ended too
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert not exists_unexited(int(done.stdout))
+
+
+def exists_unexited(pid: int) -> bool:
+    """Whether the process runs still; an orphan that has exited may linger unreaped (a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
