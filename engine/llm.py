@@ -27,10 +27,10 @@ class LLM:
                  block_size: int = 16, kv_budget_tokens: int | None = None,
                  kv_budget_bytes: int | None = None, enable_prefix_caching: bool = True,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, cascade_attention: bool = True,
-                 quantized_decode: bool = True):
+                 quantized_decode: bool = True, onednn_weights: bool = True):
         options = EngineOptions(device, dtype, block_size, kv_budget_tokens, kv_budget_bytes,
                                 enable_prefix_caching, max_num_seqs, max_num_batched_tokens, cascade_attention,
-                                quantized_decode)
+                                quantized_decode, onednn_weights)
         self.engine = LLMEngine(model, options)
 
     @property

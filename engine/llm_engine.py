@@ -13,7 +13,7 @@ from engine.host_memory import keep_freed_memory
 from engine.kv_cache import KVCache, blocks_for_budget
 from engine.kv_stats import KVStats, collect_stats
 from engine.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
-from engine.model_runner import ModelRunner, attach_quantized, build_model
+from engine.model_runner import ModelRunner, attach_quantized, build_model, pack_weights
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -34,6 +34,7 @@ class EngineOptions:
     max_num_batched_tokens: int = 2048
     cascade_attention: bool = True
     quantized_decode: bool = True   # CPU float32: decode from the GGUF's Q4_0/Q4_1/Q8_0 blocks
+    onednn_weights: bool = True     # CPU float32: weights in oneDNN's layout, multiplied by oneDNN
 
 
 @dataclass(slots=True)
@@ -59,6 +60,9 @@ class LLMEngine:
         if options.quantized_decode and self.device.type == "cpu" and self.dtype == torch.float32:
             self.quantized_bytes = attach_quantized(net, load_quantized_weights(self.source))
         self.weight_bytes += self.quantized_bytes
+        self.onednn_weights = 0
+        if options.onednn_weights and self.device.type == "cpu" and self.dtype == torch.float32:
+            self.onednn_weights = pack_weights(net, options.max_num_batched_tokens)
         num_blocks = self._num_blocks(options)
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)

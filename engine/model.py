@@ -15,7 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.decode_plan import DecodePlan
 from engine.kv_cache import KVCache
-from kernels import cascade_prefill, fused_ops, paged_attention, quant_matmul
+from kernels import cascade_prefill, fused_ops, onednn_linear, paged_attention, quant_matmul
 from kernels.backend import AttentionOps, attention_ops
 from kernels.quant_matmul import QuantizedWeight
 
@@ -37,16 +37,20 @@ FEW_ROWS = 64
 
 
 class Linear(nn.Linear):
-    """nn.Linear, except for a few rows on a CPU (decode). Where the file's quantized blocks are
-    attached (`quantized`), those rows are multiplied straight from them (kernels.quant_matmul).
-    Otherwise they are computed as weight @ x.T: CPU BLAS then picks a kernel that streams the
+    """nn.Linear, except on a CPU. Where the file's quantized blocks are attached (`quantized`), a
+    few rows (decode) are multiplied straight from them (kernels.quant_matmul). Where the weight is
+    in oneDNN's layout (`packed`, see engine.model_runner.pack_weights), oneDNN multiplies the rest.
+    Otherwise a few rows are computed as weight @ x.T: CPU BLAS then picks a kernel that streams the
     weight faster (SmolLM2, 8 rows, all layers: 67 -> 50 ms per step; lm_head alone 19 -> 8.6 ms)."""
 
     quantized: QuantizedWeight | None = None
+    packed: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None and quant_matmul.usable(x):
             return quant_matmul.quant_matmul(x, self.quantized, self.bias)
+        if self.packed:
+            return onednn_linear.linear(x, self.weight, self.bias)
         if x.shape[0] > FEW_ROWS or x.device.type != "cpu" or x.dim() != 2:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:

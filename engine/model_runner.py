@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from engine.config import ModelConfig
 from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode, plan_prefill
@@ -9,7 +10,7 @@ from engine.errors import ModelLoadError
 from engine.kv_cache import KVCache
 from engine.model import AttentionBatch, CausalLM, Linear, RotaryEmbedding
 from engine.scheduler import ScheduledBatch
-from kernels import quant_matmul
+from kernels import onednn_linear, quant_matmul
 from kernels.backend import attention_ops
 from kernels.quant_matmul import QuantizedWeight
 
@@ -53,6 +54,20 @@ def attach_quantized(model: CausalLM, quantized: dict[str, QuantizedWeight]) -> 
             module.quantized = weight
             held[id(weight.codes)] = weight.nbytes
     return sum(held.values())
+
+
+def pack_weights(model: CausalLM, rows: int) -> int:
+    """Puts each Linear's float32 CPU weight in oneDNN's layout (kernels.onednn_linear), in place of
+    the plain one, for steps of about `rows` rows; an lm_head tied to the embedding keeps the plain
+    layout the embedding reads. The number of weights packed (0 where oneDNN is not there)."""
+    if not onednn_linear.available():
+        return 0
+    embedding = model.model.embed_tokens.weight
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.weight is not embedding]
+    for module in linears:
+        module.weight = nn.Parameter(onednn_linear.pack(module.weight, rows), requires_grad=False)
+        module.packed = True
+    return len(linears)
 
 
 class ModelRunner:

@@ -54,3 +54,23 @@ def test_bfloat16_runs_and_stays_close_to_float32(tiny_model_dir):
     _, b = _our_greedy_with_logits(bf16, PROMPT, steps=1)
     assert bf16.engine.runner.kv.layers[0][0].dtype == torch.bfloat16
     assert torch.allclose(a, b.float(), atol=0.1)
+
+
+def test_cpu_float32_weights_are_multiplied_by_onednn_and_the_tied_lm_head_keeps_the_embeddings(tiny_model_dir):
+    from kernels import onednn_linear
+    if not onednn_linear.available():
+        pytest.skip("this torch build has no oneDNN linear")
+    folder = str(tiny_model_dir("llama-tied"))
+    packed = LLM(folder, dtype="float32", kv_budget_tokens=512)
+    plain = LLM(folder, dtype="float32", kv_budget_tokens=512, onednn_weights=False)
+    net = packed.engine.runner.model
+    layer = net.model.layers[0]
+    assert layer.mlp.down_proj.packed and layer.mlp.down_proj.weight.layout == torch._mkldnn
+    assert layer.self_attn.q_proj.weight.layout == torch._mkldnn
+    assert net.lm_head.weight is net.model.embed_tokens.weight and not net.lm_head.packed
+    assert not plain.engine.runner.model.model.layers[0].mlp.down_proj.packed
+    assert packed.engine.weight_bytes == plain.engine.weight_bytes
+    tokens, logits = _our_greedy_with_logits(packed, PROMPT, steps=8)
+    plain_tokens, plain_logits = _our_greedy_with_logits(plain, PROMPT, steps=8)
+    assert tokens == plain_tokens
+    torch.testing.assert_close(logits, plain_logits, atol=1e-4, rtol=1e-4)
