@@ -9,7 +9,103 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* AVX-512: the steps of the AVX2 code below in 16 lanes, with the same operations lane for lane,
+   so both builds give the same bits. A strip's last vector may hold 8 columns, masked. */
+
+static inline __m512 exp16(__m512 x) {   /* exp8's steps */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(pow2));
+}
+
+/* c[rows x vecs*16] = a b * scale as tile() below; the last vector's columns are those in `last` */
+static inline __attribute__((always_inline)) void tile16(const float *a, int64_t row_step, int64_t depth_step,
+                                                         const float *b, int64_t ldb, int64_t depth, int rows,
+                                                         int vecs, __mmask16 last, float *c, int64_t ldc,
+                                                         float scale) {
+    __m512 acc[12][4];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < vecs; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < depth; d++) {
+        __m512 bv[4];
+        for (int i = 0; i < vecs; i++) {
+            bv[i] = i == vecs - 1 ? _mm512_maskz_loadu_ps(last, b + d * ldb + 16 * i)
+                                  : _mm512_loadu_ps(b + d * ldb + 16 * i);
+            __asm__("" : "+v"(bv[i]));   /* keeps it in a register: GCC would reload it for every row */
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m512 x = _mm512_set1_ps(a[r * row_step + d * depth_step]);
+            for (int i = 0; i < vecs; i++) acc[r][i] = _mm512_fmadd_ps(x, bv[i], acc[r][i]);
+        }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < vecs; i++) {
+            if (i == vecs - 1) _mm512_mask_storeu_ps(c + r * ldc + 16 * i, last, _mm512_mul_ps(acc[r][i], s));
+            else _mm512_storeu_ps(c + r * ldc + 16 * i, _mm512_mul_ps(acc[r][i], s));
+        }
+}
+
+#define TILE16(R, V) tile16(a + r * row_step, row_step, depth_step, b + j, ldb, depth, R, V, last, c + r * ldc + j, \
+                            ldc, scale)
+#define STRIP16(STEP, V) do { \
+        for (; r + (STEP) <= rows; r += (STEP)) TILE16(STEP, V); \
+        for (; r + 4 <= rows; r += 4) TILE16(4, V); \
+        for (; r < rows; r++) TILE16(1, V); \
+    } while (0)
+
+/* one strip of 1 to 4 vectors (the last with columns `last`), all rows: tiles of 24 accumulators
+   (12 for one vector), then of 4 rows and of 1 */
+static void strip(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb, int64_t rows,
+                  int64_t depth, int64_t j, int vecs, __mmask16 last, float *c, int64_t ldc, float scale) {
+    int64_t r = 0;
+    if (vecs == 4) STRIP16(6, 4);
+    else if (vecs == 3) STRIP16(8, 3);
+    else if (vecs == 2) STRIP16(12, 2);
+    else STRIP16(12, 1);
+}
+
+/* c[rows x cols] = a @ b * scale; cols is a multiple of 8 */
+static void matmul(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb,
+                   int64_t rows, int64_t depth, int64_t cols, float *c, int64_t ldc, float scale) {
+    int64_t j = 0;
+    for (; j + 64 <= cols; j += 64) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 4, 0xFFFF, c, ldc, scale);
+    if (j < cols)
+        strip(a, row_step, depth_step, b, ldb, rows, depth, j, (int)((cols - j + 15) / 16),
+              (cols - j) % 16 ? 0x00FF : 0xFFFF, c, ldc, scale);
+}
+
+/* softmax_columns below, 16 columns at a time (the last 8 masked) */
+static void softmax_columns(float *st, int64_t n, int64_t cols, float *top, float *total) {
+    for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 lanes = cols - j >= 16 ? 0xFFFF : 0x00FF;
+        __m512 m = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; t++) m = _mm512_max_ps(m, _mm512_maskz_loadu_ps(lanes, st + t * cols + j));
+        for (int64_t t = 0; t < n; t++) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, st + t * cols + j), m));
+            _mm512_mask_storeu_ps(st + t * cols + j, lanes, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        _mm512_mask_storeu_ps(top + j, lanes, m);
+        _mm512_mask_storeu_ps(total + j, lanes, sum);
+    }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 /* exp for float32 lanes: Cody-Waite reduction by ln 2, degree-6 polynomial (Cephes expf), about

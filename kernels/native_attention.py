@@ -54,16 +54,17 @@ def _takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and q.shape[-1] % 8 == 0
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     library: ctypes.CDLL | None = None):
     """Contract of kernels.cascade_attention.prefix_attention; float32 CPU tensors only, others go
-    to the SDPA path."""
+    to the SDPA path. library: tests pass other builds of the kernel."""
     batch, heads, dim = q.shape
     if not (_takes_c(q, k, v) and len(k) > 0):
         return sdpa_attention.prefix_attention(q, k, v, scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty(batch, heads, dim)
     lse = torch.empty(batch, heads)
-    failed = _prefix_library().swarm_prefix_attention(
+    failed = (library or _prefix_library()).swarm_prefix_attention(
         q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(), k.shape[0], scale,
         out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     if failed:
@@ -77,7 +78,7 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     -> out (float32) [tokens, heads, dim], lse [tokens, heads]. causal: the tokens are the span's
     last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
-    float32 CPU tensors only, others go to the SDPA path. library: tests pass the portable build."""
+    float32 CPU tensors only, others go to the SDPA path. library: tests pass other builds."""
     tokens, heads, dim = q.shape
     if not (_takes_c(q, k, v) and len(k) >= tokens * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)

@@ -24,6 +24,80 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
+static inline float sum_lanes(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* AVX-512: two columns at once, column n in lanes 0-7 and column n + 1 in lanes 8-15, each half
+   taking the AVX2 code's steps (below) lane for lane, so both builds give the same bits. */
+#define COLUMNS_AT_ONCE 2
+
+/* the j-th 8 values of a block of each column (q0, q1), as dequant_part below */
+INLINE __m512 dequant_part(const uint8_t *q0, const uint8_t *q1, int bits, int j, __m512 scale, __m512 offset,
+                           int has_offset) {
+    const int at = bits == 4 ? 8 * (j & 1) : 8 * j;
+    const __m128i bytes = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(q0 + at)),
+                                             _mm_loadl_epi64((const __m128i *)(q1 + at)));
+    __m512i codes;
+    if (bits == 4) {
+        codes = _mm512_cvtepu8_epi32(bytes);
+        codes = j < 2 ? _mm512_and_si512(codes, _mm512_set1_epi32(0x0F)) : _mm512_srli_epi32(codes, 4);
+    } else {
+        codes = _mm512_cvtepi8_epi32(bytes);
+    }
+    const __m512 w = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(codes));
+    return has_offset ? _mm512_add_ps(w, offset) : w;
+}
+
+INLINE __m512 pair(float a, float b) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+/* tile_dot below for columns n and n + 1 (`second` says whether n + 1 is one of this call's: if
+   not, lanes 8-15 repeat column n and are dropped) */
+INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const uint8_t *q, int64_t q_block,
+                     const float *scale, const float *offset, int bits, int has_offset, int64_t first, int64_t last,
+                     float *carry, int64_t N, int64_t n, int second, int64_t per_column, const float *bias,
+                     float *y) {
+    const int64_t blocks = K / BLOCK, next = second ? blocks : 0;
+    const uint8_t *q1 = q + next * q_block;
+    float *carry1 = carry + (second ? per_column : 0);
+    __m512 acc[ROW_TILE];
+    for (int i = 0; i < tile; i++)
+        acc[i] = first == 0 ? _mm512_setzero_ps()
+                            : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(carry + 8 * i)),
+                                                 _mm256_loadu_ps(carry1 + 8 * i), 1);
+    for (int64_t b = first; b < last; b++) {
+        const float *xb = x + row0 * K + b * BLOCK;
+        const __m512 d = pair(scale[b], scale[next + b]);
+        const __m512 m = has_offset ? pair(offset[b], offset[next + b]) : d;
+        for (int j = 0; j < 4; j++) {
+            const __m512 w = dequant_part(q + b * q_block, q1 + b * q_block, bits, j, d, m, has_offset);
+            for (int i = 0; i < tile; i++)
+                acc[i] = _mm512_fmadd_ps(w, _mm512_broadcast_f32x8(_mm256_loadu_ps(xb + i * K + 8 * j)), acc[i]);
+        }
+    }
+    if (last * BLOCK < K) {
+        for (int i = 0; i < tile; i++) {
+            _mm256_storeu_ps(carry + 8 * i, _mm512_castps512_ps256(acc[i]));
+            if (second) _mm256_storeu_ps(carry1 + 8 * i, _mm512_extractf32x8_ps(acc[i], 1));
+        }
+        return;
+    }
+    for (int i = 0; i < tile; i++) {
+        y[(row0 + i) * N + n] = sum_lanes(_mm512_castps512_ps256(acc[i])) + (bias ? bias[n] : 0.0f);
+        if (second)
+            y[(row0 + i) * N + n + 1] = sum_lanes(_mm512_extractf32x8_ps(acc[i], 1)) + (bias ? bias[n + 1] : 0.0f);
+    }
+}
+
+#else
+#define COLUMNS_AT_ONCE 1
+
 /* the j-th 8 values of a block (bits and whether there is an offset are constants after inlining) */
 INLINE __m256 dequant_part(const uint8_t *q, int bits, int j, __m256 scale, __m256 offset, int has_offset) {
     __m256i codes;
@@ -37,20 +111,15 @@ INLINE __m256 dequant_part(const uint8_t *q, int bits, int j, __m256 scale, __m2
     return has_offset ? _mm256_add_ps(w, offset) : w;
 }
 
-static inline float sum_lanes(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 /* rows [row0, row0 + tile) of x against column n over blocks [first, last) of the K axis. The lane
    sums start from and go back to carry ([tile][8]) between spans; the last span writes y. tile,
    bits and whether there is an offset are constants after inlining, so the accumulators stay in
    registers and each block is dequantized one vector at a time, between the products. */
 INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const uint8_t *q, int64_t q_block,
                      const float *scale, const float *offset, int bits, int has_offset, int64_t first, int64_t last,
-                     float *carry, int64_t N, int64_t n, const float *bias, float *y) {
+                     float *carry, int64_t N, int64_t n, int second, int64_t per_column, const float *bias,
+                     float *y) {
+    (void)second, (void)per_column;
     __m256 acc[ROW_TILE];
     for (int i = 0; i < tile; i++) acc[i] = first == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(carry + 8 * i);
     for (int64_t b = first; b < last; b++) {
@@ -67,13 +136,14 @@ INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const ui
     }
     for (int i = 0; i < tile; i++) y[(row0 + i) * N + n] = sum_lanes(acc[i]) + (bias ? bias[n] : 0.0f);
 }
+#endif
 
 #define TILE_DOT(T) tile_dot(x, row0, T, K, q, q_block, scale, offset, bits, has_offset, first, last, carry, N, n, \
-                             bias, y)
+                             second, per_column, bias, y)
 
 INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t q_block, const float *scale,
                      const float *offset, int bits, int has_offset, int64_t first, int64_t last, float *carry,
-                     int64_t N, int64_t n, const float *bias, float *y) {
+                     int64_t N, int64_t n, int second, int64_t per_column, const float *bias, float *y) {
     int64_t row0 = 0;
     for (; row0 + ROW_TILE <= M; row0 += ROW_TILE, carry += 8 * ROW_TILE) TILE_DOT(ROW_TILE);
     switch (M - row0) {
@@ -88,8 +158,9 @@ INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int
     }
 }
 
-/* columns [n0, n1), the K axis in equal spans of at most SPAN_BLOCKS, so that a span of x stays in
-   the L1 cache while every column reads it; carry holds each column's lane sums between spans. */
+/* columns [n0, n1), COLUMNS_AT_ONCE at a time, the K axis in equal spans of at most SPAN_BLOCKS, so
+   that a span of x stays in the L1 cache while every column reads it; carry holds each column's
+   lane sums between spans. */
 INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale, const float *offset,
                     int bits, int has_offset, int64_t N, const float *bias, float *y, int64_t n0, int64_t n1,
                     float *carry) {
@@ -97,10 +168,10 @@ INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, cons
     const int64_t spans = (blocks + SPAN_BLOCKS - 1) / SPAN_BLOCKS, span = (blocks + spans - 1) / spans;
     for (int64_t first = 0; first < blocks; first += span) {
         const int64_t last = first + span < blocks ? first + span : blocks;
-        for (int64_t n = n0; n < n1; n++)
+        for (int64_t n = n0; n < n1; n += COLUMNS_AT_ONCE)
             rows_dot(x, M, K, q + n * blocks * q_block, q_block, scale + n * blocks,
                      has_offset ? offset + n * blocks : NULL, bits, has_offset, first, last,
-                     carry + (n - n0) * per_column, N, n, bias, y);
+                     carry + (n - n0) * per_column, N, n, n + 1 < n1, per_column, bias, y);
     }
 }
 

@@ -1,5 +1,5 @@
 """The C shared-prefix attention and log-sum-exp merge (kernels/prefix_attention.c) against the
-torch oracle (kernels.cascade_attention), in the AVX2 build and the portable one."""
+torch oracle (kernels.cascade_attention), in the native build, the AVX2 one and the portable one."""
 import pytest
 import torch
 
@@ -77,12 +77,18 @@ def portable_library(tmp_path_factory):
 
 @pytest.mark.parametrize("shape", SHAPES[1:])
 def test_the_portable_build_matches_the_oracle(portable_library, shape):
-    rows, heads, kv_heads, dim, keys = shape
     q, k, v = inputs(*shape, seed=4)
-    out, lse = torch.empty(rows, heads, dim), torch.empty(rows, heads)
-    failed = portable_library.swarm_prefix_attention(q.data_ptr(), rows, heads, kv_heads, dim, k.data_ptr(),
-                                                     v.data_ptr(), keys, 0.3, out.data_ptr(), lse.data_ptr(), 2)
+    out, lse = native_attention.prefix_attention(q, k, v, 0.3, portable_library)
     expected = cascade_attention.prefix_attention(q, k, v, 0.3)
-    assert failed == 0
     torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
+    """Where the native build is AVX-512, its 16 lanes take the AVX2 code's steps lane for lane."""
+    library = portable.avx2_library("prefix_attention", native_attention.PREFIX_SIGNATURES, tmp_path)
+    for shape in SHAPES + [(3, 9, 3, 64, 300), (16, 8, 2, 64, 1000)]:
+        q, k, v = inputs(*shape, seed=5)
+        native_out, native_lse = native_attention.prefix_attention(q, k, v, 0.3)
+        out, lse = native_attention.prefix_attention(q, k, v, 0.3, library)
+        assert torch.equal(out, native_out) and torch.equal(lse, native_lse), shape

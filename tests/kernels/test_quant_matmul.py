@@ -70,6 +70,18 @@ def test_the_portable_build_equals_the_dequantized_matmul(tmp_path):
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
 
 
+def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
+    """Where the native build is AVX-512, it takes two columns at once, each the AVX2 code's steps
+    lane for lane; an odd column count leaves one alone."""
+    library = portable.avx2_library("quant_matmul", quant_matmul.SIGNATURES, tmp_path)
+    for qtype in TYPES:
+        for columns, depth, rows in [(96, 1600, 13), (37, 320, 8), (1, 64, 3), (200, 576, 70)]:
+            weight, _ = gguf_weight(qtype, rows=columns, cols=depth, seed=columns)
+            x, bias = torch.randn(rows, depth), torch.randn(columns)
+            assert torch.equal(quant_matmul.quant_matmul(x, weight, bias, library),
+                               quant_matmul.quant_matmul(x, weight, bias)), (qtype, columns)
+
+
 def test_reordered_rows_follow_the_weight():
     weight, reference = gguf_weight(Q.Q4_1)
     order = torch.randperm(reference.shape[0])

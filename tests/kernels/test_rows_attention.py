@@ -1,5 +1,5 @@
 """The C prefill attention (kernels/rows_attention.c) against attention written out in torch
-(scores, mask, softmax, weighted values), in the AVX2 build and the portable one."""
+(scores, mask, softmax, weighted values), in the native build, the AVX2 one and the portable one."""
 import pytest
 import torch
 
@@ -70,6 +70,17 @@ def test_the_portable_build_matches_attention_written_out(tmp_path):
         expected = written_out(q, k, v, 0.3, causal)
         torch.testing.assert_close(out.double(), expected[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse.double(), expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
+    """Where the native build is AVX-512, its 16 lanes take the AVX2 code's steps lane for lane."""
+    library = portable.avx2_library("rows_attention", native_attention.ROWS_SIGNATURES, tmp_path)
+    for shape in SHAPES:
+        *sizes, causal = shape
+        q, k, v = inputs(*sizes, seed=5)
+        native_out, native_lse = native_attention.rows_attention(q, k, v, 0.3, causal)
+        out, lse = native_attention.rows_attention(q, k, v, 0.3, causal, library)
+        assert torch.equal(out, native_out) and torch.equal(lse, native_lse), shape
 
 
 def test_other_dtypes_go_to_torch():
