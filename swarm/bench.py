@@ -125,7 +125,8 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
     engine = runners[0].llm.engine
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{r.name: r.version for r in runners}, **{name: None for name in missing}}
-    kernels = {"attention": attention_ops(engine.device).name, "quantized_decode_bytes": engine.quantized_bytes}
+    kernels = {"attention": attention_ops(engine.device).name, "quantized_decode_bytes": engine.quantized_bytes,
+               "matmuls": "onednn" if engine.onednn_weights else "torch"}
     return BenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."), versions, configs,
                        kernels)
 

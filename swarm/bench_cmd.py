@@ -97,7 +97,8 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
     if kernels:
         quantized = kernels.get("quantized_decode_bytes") or 0
         decode = f"from the file's quantized blocks ({quantized / 1e6:.1f} MB)" if quantized else "from float32 weights"
-        console.print(f"swarm kernels: {kernels.get('attention')} decode attention, decode matmuls {decode}")
+        matmuls = "oneDNN" if kernels.get("matmuls") == "onednn" else "torch"
+        console.print(f"swarm kernels: {kernels.get('attention')} attention, {matmuls} matmuls, decode matmuls {decode}")
     console.print(_table(report))
     for name, version in report.versions.items():
         if version is None:

@@ -6,6 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from kernels import onednn_linear
 from swarm.bench_workload import make_workload
 from swarm.cli import app
 from tests.engine.tiny_models import make_tiny_model
@@ -41,6 +42,7 @@ def test_json_follows_the_documented_schema(bench_run):
             "configs"} <= set(document)
     assert document["kernels"]["attention"] in ("native", "sdpa")
     assert document["kernels"]["quantized_decode_bytes"] == 0   # a safetensors folder has no quantized blocks
+    assert document["kernels"]["matmuls"] == ("onednn" if onednn_linear.available() else "torch")
     assert document["workload"] == {"agents": [1, 2], "trunks": [T], "suffix": S, "new_tokens": G,
                                     "repeats": 1, "seed": 0}
     assert list(document["systems"]) == ["swarm", "swarm_no_sharing", "hf", "llamacpp"]
