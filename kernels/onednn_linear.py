@@ -34,10 +34,6 @@ def pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows)
 
 
-def usable(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype == torch.float32
-
-
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias, for float32 x [..., in] on a CPU and a weight from `pack`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
