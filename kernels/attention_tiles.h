@@ -1,6 +1,7 @@
 /* The dense pieces of attention over a span of keys read in place from the KV cache, shared by
  * kernels/prefix_attention.c (decode rows over the shared trunk) and kernels/rows_attention.c
- * (prefill rows): register-tiled products and a column softmax, each with a portable-C twin.
+ * (prefill rows): register-tiled products and a column softmax, each with a portable-C twin;
+ * and a vector exp for kernels/paged_decode.c.
  * Every sum runs in an order fixed by its operands' sizes, never by how rows are batched.
  */
 #ifndef SWARM_ATTENTION_TILES_H
@@ -8,6 +9,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -102,6 +104,15 @@ static void softmax_columns(float *st, int64_t n, int64_t cols, float *top, floa
         }
         _mm512_mask_storeu_ps(top + j, lanes, m);
         _mm512_mask_storeu_ps(total + j, lanes, sum);
+    }
+}
+
+/* s[i] = exp(s[i] - top) for i < n, 16 at a time (the tail masked) */
+static inline void exp_shifted(float *s, int64_t n, float top) {
+    const __m512 shift = _mm512_set1_ps(top);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 lanes = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(s + i, lanes, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), shift)));
     }
 }
 
@@ -210,6 +221,19 @@ static void softmax_columns(float *st, int64_t n, int64_t cols, float *top, floa
     }
 }
 
+/* s[i] = exp(s[i] - top) for i < n, 8 at a time (the tail through a padded copy) */
+static inline void exp_shifted(float *s, int64_t n, float top) {
+    const __m256 shift = _mm256_set1_ps(top);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), shift)));
+    if (i < n) {
+        float tail[8] = {0};
+        memcpy(tail, s + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), shift)));
+        memcpy(s + i, tail, sizeof(float) * (size_t)(n - i));
+    }
+}
+
 #else  /* portable C: the same steps, one lane at a time */
 
 static void matmul(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb,
@@ -233,6 +257,10 @@ static void softmax_columns(float *st, int64_t n, int64_t cols, float *top, floa
         top[j] = m;
         total[j] = sum;
     }
+}
+
+static inline void exp_shifted(float *s, int64_t n, float top) {
+    for (int64_t i = 0; i < n; i++) s[i] = expf(s[i] - top);
 }
 
 #endif

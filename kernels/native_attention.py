@@ -15,15 +15,17 @@ import torch
 from kernels import cascade_attention, native, sdpa_attention
 
 
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+PAGED_SIGNATURES = {   # kernels/paged_decode.c
+    "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, ctypes.c_float, _ptr,
+                            _ptr, ctypes.c_int], ctypes.c_int)}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.declared("paged_decode", {
-        "swarm_paged_decode": ([ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, ptr,
-                                ctypes.c_int], ctypes.c_int)})
+    return native.declared("paged_decode", PAGED_SIGNATURES)
 
 
-_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 PREFIX_SIGNATURES = {   # kernels/prefix_attention.c
     "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, ctypes.c_float, _ptr, _ptr,
                                 ctypes.c_int], ctypes.c_int),
@@ -94,9 +96,10 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          block_tables: torch.Tensor, lengths: torch.Tensor, scale: float):
+                          block_tables: torch.Tensor, lengths: torch.Tensor, scale: float,
+                          library: ctypes.CDLL | None = None):
     """Contract of kernels.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
-    others go to the SDPA path."""
+    others go to the SDPA path. library: tests pass other builds of the kernel."""
     batch, heads, dim = q.shape
     if not (_takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)
@@ -105,7 +108,7 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     lengths = lengths.to(torch.int64).contiguous()
     out = torch.empty(batch, heads, dim)
     lse = torch.empty(batch, heads)
-    failed = _library().swarm_paged_decode(
+    failed = (library or _library()).swarm_paged_decode(
         q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(), v_cache.data_ptr(),
         k_cache.shape[1], tables.data_ptr(), tables.shape[1], lengths.data_ptr(), scale,
         out.data_ptr(), lse.data_ptr(), torch.get_num_threads())

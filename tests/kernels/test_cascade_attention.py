@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels import cascade_attention, native_attention, paged_attention, sdpa_attention
+from tests.kernels import portable
 
 NO_COMPILER = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the native kernel")
 IMPLEMENTATIONS = [pytest.param(cascade_attention, id="torch"), pytest.param(sdpa_attention, id="sdpa"),
@@ -124,7 +125,7 @@ def test_fast_pieces_give_the_oracles_out_and_lse_including_an_empty_row(impl):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the native kernel")
+@NO_COMPILER
 def test_native_rows_do_not_depend_on_their_batch():
     k_cache, v_cache, gen = make_pool(seed=3)
     tables = padded([[3, 4, 9, 10], [7, 1], [8, 2, 5]])
@@ -135,3 +136,41 @@ def test_native_rows_do_not_depend_on_their_batch():
         alone = native_attention.paged_decode_with_lse(q[row:row + 1], k_cache, v_cache, tables[row:row + 1, :4],
                                                         lens[row:row + 1], SCALE)
         assert torch.equal(alone[0][0], out[row]) and torch.equal(alone[1][0], lse[row])
+
+
+def long_contexts(seed=6):
+    """Contexts past the C kernel's 256-token chunks: one of exactly two chunks, one ending a token
+    into its third, a short one and an empty one, their blocks scattered through the pool."""
+    k_cache, v_cache, gen = make_pool(num_blocks=400, seed=seed)
+    lens = torch.tensor([512, 513, 37, 0])
+    order = torch.randperm(400, generator=gen).tolist()
+    tables = padded([order[:129], order[129:258], order[258:268], [order[268]]])
+    return torch.randn(4, HEADS, DIM, generator=gen), k_cache, v_cache, tables, lens
+
+
+@NO_COMPILER
+def test_native_long_contexts_go_in_chunks_that_match_the_oracle_and_do_not_depend_on_their_batch():
+    q, k_cache, v_cache, tables, lens = long_contexts()
+    out, lse = native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+    expected = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+    torch.testing.assert_close(out, expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, expected[1], atol=1e-5, rtol=1e-5)
+    for row in range(4):
+        alone = native_attention.paged_decode_with_lse(q[row:row + 1], k_cache, v_cache, tables[row:row + 1],
+                                                        lens[row:row + 1], SCALE)
+        assert torch.equal(alone[0][0], out[row]) and torch.equal(alone[1][0], lse[row])
+
+
+@NO_COMPILER
+def test_the_portable_paged_build_matches_the_oracle_and_the_avx2_one_gives_the_native_bits(tmp_path):
+    q, k_cache, v_cache, tables, lens = long_contexts(seed=7)
+    native_out = native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+    plain = portable.portable_library("paged_decode", native_attention.PAGED_SIGNATURES, tmp_path)
+    expected = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
+    for got, want in zip(native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE, plain),
+                         expected):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    avx2 = portable.avx2_library("paged_decode", native_attention.PAGED_SIGNATURES, tmp_path)
+    for got, want in zip(native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE, avx2),
+                         native_out):
+        assert torch.equal(got, want)
