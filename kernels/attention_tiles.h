@@ -1,7 +1,7 @@
 /* The dense pieces of attention over a span of keys read in place from the KV cache, shared by
  * kernels/prefix_attention.c (decode rows over the shared trunk) and kernels/rows_attention.c
  * (prefill rows): register-tiled products and a column softmax, each with a portable-C twin;
- * and a vector exp for kernels/paged_decode.c.
+ * a vector exp and the merge of chunks' partials, also for kernels/paged_decode.c.
  * Every sum runs in an order fixed by its operands' sizes, never by how rows are batched.
  */
 #ifndef SWARM_ATTENTION_TILES_H
@@ -275,6 +275,26 @@ static inline void chunk_partial(const float *st, const float *sums, const float
         partial[r * (dim + 2) + 1] = sums[cols + r];
     }
     matmul(st, 1, cols, v, stride, rows, n, dim, partial + 2, dim + 2, 1.0f);
+}
+
+/* out and lse of one query row from its chunks' partials (max, sum, unnormalised output [dim]),
+   `stride` floats apart, merged by log-sum-exp in chunk order; no chunks: out = 0, lse = -inf */
+static inline void merge_chunks(const float *partials, int64_t chunks, int64_t stride, int64_t dim, float *out,
+                                float *lse) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) top = partials[c * stride] > top ? partials[c * stride] : top;
+    memset(out, 0, sizeof(float) * (size_t)dim);
+    if (chunks == 0) {
+        *lse = -INFINITY;
+        return;
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+        const float *part = partials + c * stride, weight = expf(part[0] - top);
+        total += part[1] * weight;
+        for (int64_t d = 0; d < dim; d++) out[d] += part[2 + d] * weight;
+    }
+    for (int64_t d = 0; d < dim; d++) out[d] /= total;
+    *lse = top + logf(total);
 }
 
 #endif

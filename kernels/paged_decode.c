@@ -115,24 +115,6 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
     }
 }
 
-/* out and lse of one query head from its chunks' partials (`stride` floats apart), in chunk order */
-static void merge_chunks(const float *partials, int64_t chunks, int64_t stride, int64_t dim, float *out, float *lse) {
-    float top = -INFINITY, total = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) top = partials[c * stride] > top ? partials[c * stride] : top;
-    memset(out, 0, sizeof(float) * (size_t)dim);
-    if (chunks == 0) {
-        *lse = -INFINITY;
-        return;
-    }
-    for (int64_t c = 0; c < chunks; c++) {
-        const float *part = partials + c * stride, weight = expf(part[0] - top);
-        total += part[1] * weight;
-        for (int64_t d = 0; d < dim; d++) out[d] += part[2 + d] * weight;
-    }
-    for (int64_t d = 0; d < dim; d++) out[d] /= total;
-    *lse = top + logf(total);
-}
-
 /* every chunk's task, then every query head's merge, spread over the threads; nonzero
    when scratch memory ran out */
 static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, const int64_t *first_chunk,

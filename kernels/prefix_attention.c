@@ -39,21 +39,6 @@ static void chunk_attention(const float *qt, const float *k, const float *v, Sha
     chunk_partial(st, sums, v, s.stride, s.rows, cols, n, s.dim, partial);
 }
 
-/* out[row] and lse[row] from the chunks' partials, merged in chunk order */
-static void merge_chunks(const float *partials, int64_t chunks, Shape s, float *out, float *lse) {
-    const int64_t size = s.rows * (s.dim + 2);
-    float top = -INFINITY, total = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) top = partials[c * size] > top ? partials[c * size] : top;
-    for (int64_t d = 0; d < s.dim; d++) out[d] = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) {
-        const float *part = partials + c * size, weight = expf(part[0] - top);
-        total += part[1] * weight;
-        for (int64_t d = 0; d < s.dim; d++) out[d] += part[2 + d] * weight;
-    }
-    for (int64_t d = 0; d < s.dim; d++) out[d] /= total;
-    *lse = top + logf(total);
-}
-
 /* every (KV head, chunk) task, spread over the threads; nonzero when scratch memory ran out */
 static int run_chunks(const float *queries_t, const float *k, const float *v, Shape s, int64_t kv_heads,
                       int64_t keys, float scale, float *partials, int threads) {
@@ -101,8 +86,8 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
     for (int64_t h = 0; h < kv_heads && !failed; h++)
         for (int64_t row = 0; row < rows; row++) {
             const int64_t head = row / groups * heads + h * groups + row % groups;
-            merge_chunks(partials + h * chunks * rows * (dim + 2) + row * (dim + 2), chunks, s, out + head * dim,
-                         lse + head);
+            merge_chunks(partials + h * chunks * rows * (dim + 2) + row * (dim + 2), chunks, rows * (dim + 2), dim,
+                         out + head * dim, lse + head);
         }
     free(queries_t);
     free(partials);
