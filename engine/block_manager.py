@@ -1,8 +1,10 @@
 """Sequence-level KV block bookkeeping on top of the block pool.
 
 The protocol the scheduler follows for every sequence:
+    blocks_to_admit  how many free blocks admitting it and writing its first n tokens will take
     admit()          share the longest cached prefix of its tokens (no compute for it)
     blocks_to_write  how many free blocks writing the next n tokens will take
+    writable_tokens  how many of its next tokens the free blocks can hold
     prepare_write()  grow the block table; copy a shared block before writing into it
     commit_written() make the freshly written tokens findable by other requests
     fork() / free()  share every block with a new sequence / drop this one's references
@@ -48,7 +50,9 @@ class BlockManager:
         return blocks, matched
 
     def blocks_to_admit(self, seq: Sequence, num_new: int) -> int:
+        """Free blocks taken by admitting `seq` and writing up to `num_new` tokens after its cached prefix."""
         blocks, matched = self.match_prefix(seq.token_ids)
+        num_new = min(num_new, len(seq.token_ids) - matched)
         revived = sum(1 for b in blocks if self.pool.ref_count(b) == 0 and self.pool.blocks[b].pins == 0)
         return revived + self._blocks_for(len(blocks), matched, num_new, shared_last=bool(blocks))
 
@@ -66,6 +70,10 @@ class BlockManager:
     def blocks_to_write(self, seq: Sequence, num_new: int) -> int:
         return self._blocks_for(len(seq.block_table), seq.num_computed_tokens, num_new,
                                 self._must_copy_last(seq))
+
+    def writable_tokens(self, seq: Sequence) -> int:
+        blocks = self.pool.num_free - (1 if self._must_copy_last(seq) else 0)
+        return max(0, (len(seq.block_table) + blocks) * self.block_size - seq.num_computed_tokens)
 
     def prepare_write(self, seq: Sequence, num_new: int) -> list[BlockCopy]:
         """Make the table cover the next `num_new` tokens; returns the copies to run first."""

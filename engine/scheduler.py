@@ -1,13 +1,23 @@
 """Continuous batching: who computes what in the next step.
 
 A step is either a prefill step (prompt chunks of admitted requests, under a token budget)
-or a decode step (one token for every running sequence, in one batch). When the pool runs
-dry, idle paused sequences give back their blocks first, then the youngest running one is
-preempted: its references are dropped and it recomputes later, mostly from the cache.
+or a decode step (one token for every running sequence, in one batch).
+
+Who gives way when the pool runs dry: age decides, everywhere. A sequence that needs blocks
+takes them from idle paused sequences first, then from the youngest sequence younger than
+itself that holds any (waiting, prefilling or decoding), which is preempted: its references
+are dropped and it recomputes later, mostly from the cache. Sequences older than it keep
+theirs; if they leave it nothing, it gives its own blocks back and waits. A request is failed
+only when no other sequence holds a block, so it cannot fit the pool alone.
+
+    age ->   oldest ..................................... youngest
+             A decoding    B prefilling    C waiting, KV kept    D new
+    A short of a block: paused go first, then C, then B (D holds none)
+    D is admitted only once its first chunk fits beside all of them
 """
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockCopy, BlockManager
@@ -32,7 +42,7 @@ class Scheduler:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: list[Sequence] = []   # oldest first
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self.paused: dict[int, Sequence] = {}
@@ -40,7 +50,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        bisect.insort(self.waiting, seq, key=_age)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
@@ -49,10 +59,7 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch:
             return batch
-        batch = self._schedule_decode()
-        if not batch and self.prefilling:
-            self._unblock_prefill(batch)
-        return batch
+        return self._schedule_decode()
 
     def prompt_done(self, seq: Sequence) -> None:
         """Its whole prompt has KV now: it decodes from the next step on."""
@@ -75,11 +82,7 @@ class Scheduler:
 
     def release(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is, freeing its blocks."""
-        for queue in (self.prefilling, self.running):
-            if seq in queue:
-                queue.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
+        self._dequeue(seq)
         self.paused.pop(seq.seq_id, None)
         self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
@@ -87,13 +90,12 @@ class Scheduler:
     def _schedule_prefill(self) -> ScheduledBatch:
         batch = ScheduledBatch(is_prefill=True)
         budget = self.max_num_batched_tokens
-        for seq in list(self.prefilling):
-            budget -= self._add_chunk(batch, seq, budget)
+        for seq in sorted(self.prefilling, key=_age):
+            if seq in self.prefilling:   # not preempted by an older one this step
+                budget -= self._add_chunk(batch, seq, budget)
         while self.waiting and budget > 0 and self._num_active() < self.max_num_seqs:
             seq = self._next_admissible(batch)
-            if seq is None:
-                break
-            if not self._admit(seq, budget, batch):
+            if seq is None or not self._admit(seq, budget, batch):
                 break
             budget -= batch.num_new[-1]
         return batch
@@ -112,100 +114,101 @@ class Scheduler:
         return None
 
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
-        pool = self.blocks.pool
+        """Start computing a waiting request; one that holds no KV yet starts only once its
+        whole first chunk fits, so it never takes blocks that older sequences are about to need."""
         if not seq.block_table:
-            needed = self.blocks.blocks_to_admit(seq, 1)
-            if needed > pool.num_free and self._evict_paused(needed):
-                needed = self.blocks.blocks_to_admit(seq, 1)  # evicted blocks may be ones it matches
-            if needed > pool.num_free:
-                return self._fail_if_alone(seq, batch)
+            if not self._make_room(seq, budget, batch):
+                if not self._others_hold_blocks(seq):
+                    self.waiting.remove(seq)
+                    self._fail(seq, batch)
+                return False
             self.blocks.admit(seq)
         self.waiting.remove(seq)
         self.prefilling.append(seq)
         seq.status = SequenceStatus.RUNNING
-        if self._add_chunk(batch, seq, budget) == 0:
-            return False
-        return True
+        return self._add_chunk(batch, seq, budget) > 0
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """The next chunk of its prompt, shrunk to the blocks left once younger ones gave way."""
         num_new = min(seq.num_uncomputed_tokens, budget)
-        while num_new > 0 and self.blocks.blocks_to_write(seq, num_new) > self.blocks.pool.num_free:
-            num_new = self._fit(seq, num_new)
         if num_new <= 0:
+            return 0
+        if not self._make_room(seq, num_new, batch):
+            num_new = min(num_new, self.blocks.writable_tokens(seq))
+        if num_new == 0:
+            self._give_way(seq, batch)
             return 0
         batch.copies += self.blocks.prepare_write(seq, num_new)
         batch.seqs.append(seq)
         batch.num_new.append(num_new)
         return num_new
 
-    def _fit(self, seq: Sequence, num_new: int) -> int:
-        """Shrink a chunk to the free blocks; 0 when not even one token fits."""
-        if self._evict_paused(1):
-            return num_new
-        free_tokens = self.blocks.pool.num_free * self.blocks.block_size
-        free_tokens += (-seq.num_computed_tokens) % self.blocks.block_size
-        return min(num_new - 1, free_tokens - 1 if free_tokens else 0)
-
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch(is_prefill=False)
-        for seq in sorted(self.running, key=lambda s: s.arrival):
+        for seq in sorted(self.running, key=_age):
             if seq not in self.running:
                 continue
-            while self.blocks.blocks_to_write(seq, 1) > self.blocks.pool.num_free:
-                if not self._make_room(seq, batch):
-                    break
-            else:
+            if self._make_room(seq, 1, batch):
                 batch.copies += self.blocks.prepare_write(seq, 1)
                 batch.seqs.append(seq)
                 batch.num_new.append(1)
+            else:
+                self._give_way(seq, batch)
         return batch
 
-    def _make_room(self, seq: Sequence, batch: ScheduledBatch) -> bool:
-        if self._evict_paused(1):
-            return True
-        victims = [s for s in self.running if s is not seq and s not in batch.seqs]
-        if victims:
-            self._preempt(max(victims, key=lambda s: s.arrival))
-            return True
-        if len(self.running) > 1:
-            self._preempt(seq)
-            return False
-        self.running.remove(seq)
-        self._fail(seq, batch)
-        return False
+    def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
+        """Free blocks until writing the next `num_new` tokens of `seq` fits: evict paused
+        sequences, then preempt younger ones. False when what is left is held by older ones."""
+        while self._blocks_needed(seq, num_new) > self.blocks.pool.num_free:
+            if not self._evict_one_paused() and not self._preempt_youngest_after(seq, batch):
+                return False
+        return True
 
-    def _unblock_prefill(self, batch: ScheduledBatch) -> None:
-        """Prompts being computed hold the whole pool and none can go on: give way."""
-        youngest = max(self.prefilling, key=lambda s: s.arrival)
-        self.prefilling.remove(youngest)
-        if self.prefilling:
-            self.blocks.free(youngest)
-            youngest.status = SequenceStatus.WAITING
-            self.waiting.appendleft(youngest)
+    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
+        if seq.block_table:
+            return self.blocks.blocks_to_write(seq, num_new)
+        return self.blocks.blocks_to_admit(seq, num_new)
+
+    def _preempt_youngest_after(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        younger = [s for s in self._holders() if s.arrival > seq.arrival and s not in batch.seqs]
+        if not younger:
+            return False
+        self._preempt(max(younger, key=_age))
+        return True
+
+    def _give_way(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        """Not one more token of `seq` fits: wait for the older sequences, or fail if none is left."""
+        if self._others_hold_blocks(seq):
+            self._preempt(seq)
         else:
-            self._fail(youngest, batch)
+            self._dequeue(seq)
+            self._fail(seq, batch)
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
-        self.running.remove(seq)
         self.blocks.free(seq)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if seq.status != SequenceStatus.WAITING:   # a resumed one waiting with its KV keeps its place
+            self._dequeue(seq)
+            self.add(seq)
 
-    def _evict_paused(self, wanted: int) -> bool:
-        evicted = False
-        while self.paused and self.blocks.pool.num_free < wanted:
-            _, seq = self.paused.popitem()
-            self.blocks.free(seq)
-            evicted = True
-        return evicted
-
-    def _fail_if_alone(self, seq: Sequence, batch: ScheduledBatch) -> bool:
-        if self.running or self.prefilling or batch.seqs:
+    def _evict_one_paused(self) -> bool:
+        if not self.paused:
             return False
-        self.waiting.remove(seq)
-        self._fail(seq, batch)
-        return False
+        _, seq = self.paused.popitem()
+        self.blocks.free(seq)
+        return True
+
+    def _holders(self) -> list[Sequence]:
+        """Sequences that hold blocks and may be preempted (paused ones are evicted instead)."""
+        return [s for s in self.waiting + self.prefilling + self.running if s.block_table]
+
+    def _others_hold_blocks(self, seq: Sequence) -> bool:
+        return any(s is not seq for s in self._holders())
+
+    def _dequeue(self, seq: Sequence) -> None:
+        for queue in (self.waiting, self.prefilling, self.running):
+            if seq in queue:
+                queue.remove(seq)
 
     def _fail(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.blocks.free(seq)
@@ -218,3 +221,6 @@ class Scheduler:
     def _num_active(self) -> int:
         return len(self.prefilling) + len(self.running)
 
+
+def _age(seq: Sequence) -> int:
+    return seq.arrival

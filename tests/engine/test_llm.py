@@ -139,6 +139,22 @@ def test_pool_that_fits_three_of_eight_completes_all_eight_identically(tiny_mode
     roomy = LLM(folder, kv_budget_tokens=8192).generate(prompts, params)
     tight = LLM(folder, kv_budget_tokens=3 * per_request_blocks * BLOCK, max_num_batched_tokens=256)
     outputs = tight.generate(prompts, params)
+    assert tight.engine.scheduler.num_preemptions == 0, "a fourth started before its prompt fitted"
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in roomy]
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert tight.kv_stats().blocks_in_use == 0
+
+
+def test_requests_that_outgrow_the_pool_together_give_way_youngest_first_and_complete_identically(
+        tiny_model_dir):
+    folder = str(tiny_model_dir("qwen2"))
+    rng = random.Random(2)
+    prompts = [[rng.randrange(4, 300) for _ in range(60)] for _ in range(6)]
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    roomy = LLM(folder, kv_budget_tokens=8192).generate(prompts, params)
+    # three prompts fit at once, but not three prompts grown by 60 tokens each
+    tight = LLM(folder, kv_budget_tokens=15 * BLOCK, max_num_batched_tokens=256)
+    outputs = tight.generate(prompts, params)
     assert tight.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outputs] == [o.token_ids for o in roomy]
     assert all(o.finish_reason == "length" for o in outputs)
