@@ -2,8 +2,25 @@
 
 `Volatiles.detect` reads this machine's actual values (working directory, home, hostname,
 git branch and commit); `find_volatile` matches them and the generic shapes (dates, times,
-UUIDs, hex ids, absolute paths, PIDs) and returns non-overlapping spans, the more specific
-kind winning where two overlap.
+UUIDs, hex ids, commits, absolute paths, hostnames, PIDs) and returns non-overlapping spans, the
+more specific kind winning where two overlap.
+
+A token counts as a hostname only when something says why (see `_HOSTNAME`):
+  - it follows the word host, hostname, machine or server ("host build-7", "server: 10.0.0.5") and
+    holds a digit, and it is not a technical word (x86-64, arm64, utf-8, py311, v2, 127.0.0.1);
+  - or its own shape is a machine's: lowercase labels joined by "-" ending in a number that is
+    zero-padded (build-07, web-001), or comes after two word labels (gpu-box-3), or an AWS-style
+    ip-10-0-0-1; a domain may follow (build-07.ci.example.com);
+  - or it is a name under a private suffix (.local, .internal, .lan, .localdomain, .corp,
+    .home.arpa) with two labels before it or one holding a digit or "-" (ip-10-0-0-1.ec2.internal,
+    gpu1.local, Johns-MacBook.local): one plain word before it is more often code (threading.local,
+    err.internal) than a machine;
+  - or it is a private IPv4 address (10.x.x.x, 172.16-31.x.x, 192.168.x.x); other addresses count
+    only after one of the words above.
+So "re-run", "x86-64", "utf-8", "gpt-4", "llama-3" and "py311" are not hosts (one label and an
+unpadded number, or no hyphen), and public domains (docs.python.org) are left alone: such an
+address is the same for every agent and run. A short commit hash (7 to 40 hex digits, one of
+them a digit) counts only after the word commit, revision, rev or sha ("commit 3f2a9c1d").
 """
 from __future__ import annotations
 
@@ -15,15 +32,32 @@ from pathlib import Path
 from swarm.agent_context import git_branch
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?"
+_LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+_IPV4 = r"\d{1,3}(?:\.\d{1,3}){3}"
+_PRIVATE_IPV4 = r"(?:10(?:\.\d{1,3}){3}|192\.168(?:\.\d{1,3}){2}|172\.(?:1[6-9]|2\d|3[01])(?:\.\d{1,3}){2})"
+_TECHNICAL = (r"(?:x86[-_]64|x64|amd64|arm64|aarch64|armv\d\w*|i[3-6]86|utf-?(?:8|16|32)|ucs-?[24]|latin-?\d+"
+              r"|iso-?8859(?:-\d+)?|cp\d+|py\d+|python\d[\d.]*|v\d[\d.]*|127(?:\.\d+){3}|0\.0\.0\.0)")
+_HOST_START = r"(?<![\w.-])(?:(?<=//)|(?<!/))"   # not inside a word or a path; a URL's host is fine
+_HOST_END = r"(?![\w-]|\.\w)"
+_HOST_AFTER_KEYWORD = (r"(?i:\b(?:host(?:name)?|machine|server)\b(?:\s*[:=]\s*|\s+)[`'\"]?"
+                       rf"(?!{_TECHNICAL}{_HOST_END})(?=[a-z0-9.-]*\d)(?:{_IPV4}|[a-z][a-z0-9-]*(?:\.{_LABEL})*))")
+_MACHINE_NAME = (r"(?:[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*-0\d+|(?:[a-z][a-z0-9]*-){2,}\d+|ip(?:-\d{1,3}){4})"
+                 rf"(?:\.{_LABEL})*")
+_PRIVATE_DOMAIN = (rf"(?i:(?:{_LABEL}(?:\.{_LABEL})+|(?=[a-z0-9-]*[0-9-]){_LABEL})"
+                   r"\.(?:local|internal|lan|localdomain|corp|home\.arpa))")
+_HOSTNAME = (rf"(?:{_HOST_AFTER_KEYWORD}|{_HOST_START}(?:{_MACHINE_NAME}|{_PRIVATE_DOMAIN}|{_PRIVATE_IPV4}))"
+             rf"{_HOST_END}")
 GENERIC_PATTERNS: list[tuple[str, str]] = [
     ("uuid", r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
     ("timestamp", r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"),
     ("git_hash", r"\b[0-9a-f]{40}\b"),
+    ("git_hash", r"(?i)\b(?:commit|revision|rev|sha)\b\s*[:=#@]?\s*[`'\"]?(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),
     ("hex_id", r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{16,}\b"),
     ("home_dir", r"(?<![\w/.-])(?:~[\w.-]*(?=/)|/home/[\w.-]*\w|/Users/[\w.-]*\w|/root\b)(?:/[\w.-]*\w)*"
                  r"|[A-Za-z]:\\Users\\[\w.\\-]+"),
     ("abs_path", r"(?<![\w:/.~-])(?:/[\w.-]*\w){2,}|(?<![\w:/.~-])/(?:tmp|var|etc|opt|usr|srv|mnt|"
                  r"workspace|data)\b|\b[A-Za-z]:\\[\w.\\-]+"),
+    ("hostname", _HOSTNAME),
     ("date", rf"\b\d{{4}}-\d{{2}}-\d{{2}}\b|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}\b|\b{_MONTH} \d{{1,2}},? \d{{4}}\b"
              rf"|\b\d{{1,2}} {_MONTH},? \d{{4}}\b"),
     ("time", r"(?<![\w:.])(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?:\s?[AaPp][Mm])?(?![\w:])"),

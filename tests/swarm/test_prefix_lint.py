@@ -1,5 +1,6 @@
 import os
 
+from swarm.harness import resolve_harness
 from swarm.prefix_lint import find_divergences, lint_trunk
 from swarm.spec import load_spec
 from swarm.volatile_patterns import Volatiles
@@ -66,3 +67,23 @@ def test_a_finding_in_a_harness_file_names_its_line(tmp_path):
     prompts, source, variables = prompts_for(load(tmp_path, MINIMAL + "harness: h.json\n"))
     findings = lint_trunk(prompts, source, variables, NO_MACHINE)
     assert [(f.kind, f.source, f.line) for f in findings] == [("abs_path", str(harness), 4)]
+
+
+def test_a_planted_host_and_short_commit_are_reported_with_their_lines(tmp_path):
+    spec_path = tmp_path / "swarm.yaml"
+    load(tmp_path, MINIMAL + "extra_rules:\n"
+         '  - "Re-run the x86-64 build with utf-8 files."\n'
+         '  - "Deploy from host build-07 only."\n'
+         '  - "The base is commit 3f2a9c1d."\n')
+    prompts, source, variables = prompts_for(load_spec(spec_path))
+    findings = lint_trunk(prompts, source, variables, NO_MACHINE)
+    assert [(f.kind, f.text, f.source, f.line) for f in findings] == [
+        ("hostname", "host build-07", str(spec_path), 6), ("git_hash", "commit 3f2a9c1d", str(spec_path), 7)]
+
+
+def test_the_example_spec_and_both_harnesses_have_no_findings_on_this_machine():
+    for harness in ("coding-agent", "reviewer"):
+        spec = load_spec(EXAMPLE_SPEC)
+        spec.harness = resolve_harness(harness, EXAMPLE_SPEC.parent)
+        prompts, source, variables = prompts_for(spec)
+        assert lint_trunk(prompts, source, variables, Volatiles.detect(spec.workspace.path, spec.out)) == []
