@@ -3,27 +3,28 @@
 A tool is a plain function `tool(workspace, **arguments) -> str`. Its signature is the schema
 the harness templates publish (tests/swarm/test_tools.py keeps the two in step). `ToolBox.run`
 checks a model's call against that signature, runs it, and turns every failure into a
-message the model can act on. `Workspace.resolve` is the one gate every path goes through.
+message the model can act on. `Workspace.resolve` is the one gate every path goes through;
+files are then opened beneath the workspace's root without following links (`open_file`), read
+line by line in bounded memory (swarm/bounded_read.py), and commands run under a supervisor
+that kills everything they start (swarm/command_runner.py).
 """
 from __future__ import annotations
 
 import inspect
+import math
 import os
-import re
-import signal
-import subprocess
 import typing
 from dataclasses import dataclass
-from fnmatch import fnmatch
-from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Callable
 
+from swarm.bounded_read import Line, is_binary, text_lines
+from swarm.command_runner import CommandResult, run_supervised
 from swarm.tool_calls import ToolCall
 from swarm.workspace import ToolError, Workspace
+from swarm.workspace_search import compile_pattern, matching_lines
 
-SKIPPED_DIRS = {".git", "__pycache__", ".hypothesis", ".pytest_cache"}
-BINARY_SNIFF_BYTES = 8192
-MAX_SEARCH_LINE_CHARS = 300
+MAX_READ_CHARS = 256 * 1024  # what read_file keeps at most; the ToolBox shows less (max_output_chars)
 DEFAULT_COMMAND_TIMEOUT = 30.0
 
 
@@ -33,26 +34,32 @@ def list_dir(workspace: Workspace, path: str = ".") -> str:
     directory = _existing(workspace, path)
     if not directory.is_dir():
         raise ToolError(f"{path!r} is a file, not a directory; use read_file to read it")
-    entries = sorted(directory.iterdir(), key=lambda entry: entry.name)
+    folder = workspace.open_directory(directory)
+    try:
+        with os.scandir(folder) as scan:
+            entries = [entry.name + ("/" if entry.is_dir() else "")
+                       for entry in sorted(scan, key=lambda entry: entry.name)]
+    finally:
+        os.close(folder)
     if not entries:
         return f"{path!r} is an empty directory"
-    return "\n".join(entry.name + ("/" if entry.is_dir() else "") for entry in entries)
+    return "\n".join(entries)
 
 
 def read_file(workspace: Workspace, path: str, start_line: int | None = None,
               end_line: int | None = None) -> str:
-    lines = _read_text(_existing_file(workspace, path), path).splitlines()
-    if not lines:
+    first = _check_line_range(start_line, end_line)
+    with _open_text_file(workspace, path) as file:
+        shown, lines_read = _numbered_lines(file, first, end_line)
+    if lines_read == 0:
         return f"{path!r} is empty"
-    first, last = _line_range(path, len(lines), start_line, end_line)
-    return "\n".join(f"{number:>4} | {lines[number - 1]}" for number in range(first, last + 1))
+    if not shown:
+        raise ToolError(f"start_line {first} is past the end of {path!r}, which has {lines_read} lines")
+    return "\n".join(shown)
 
 
 def search(workspace: Workspace, pattern: str, path: str = ".", glob: str | None = None) -> str:
-    regex = _compile(pattern)
-    hits = [f"{workspace.relative(file)}:{number}: {_clip(line)}"
-            for file in _files_under(workspace, _existing(workspace, path), glob)
-            for number, line in _matching_lines(file, regex)]
+    hits = matching_lines(workspace, compile_pattern(pattern), _existing(workspace, path), glob)
     if not hits:
         where = f" in files matching {glob!r}" if glob else ""
         return f"no matches for {pattern!r} under {path!r}{where}"
@@ -64,25 +71,25 @@ def write_file(workspace: Workspace, path: str, content: str) -> str:
     file = workspace.resolve(path)
     if file.is_dir():
         raise ToolError(f"{path!r} is a directory; give the path of a file to write")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(content, encoding="utf-8")
+    data = content.encode("utf-8")
+    with workspace.open_file(file, write=True) as out:
+        out.write(data)
     lines = len(content.splitlines())
-    return f"wrote {lines} lines ({len(content.encode())} bytes) to {workspace.relative(file)}"
+    return f"wrote {lines} lines ({len(data)} bytes) to {workspace.relative(file)}"
 
 
 def run_command(workspace: Workspace, command: str, timeout: float = DEFAULT_COMMAND_TIMEOUT) -> str:
-    if timeout <= 0:
+    if not 0 < timeout < math.inf:
         raise ToolError(f"timeout must be a positive number of seconds, not {timeout}")
-    process = subprocess.Popen(command, shell=True, cwd=workspace.root, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        raise ToolError(f"command timed out after {timeout:g} s and was killed; run something quicker "
-                        f"or pass a larger timeout. Output so far:\n{_command_output(stdout, stderr)}") from None
-    return f"exit code: {process.returncode}\n{_command_output(stdout, stderr)}"
+    if "\x00" in command:
+        raise ToolError("the command contains a NUL character; remove it")
+    result = run_supervised(command, workspace.root, timeout)
+    if result.ending == "timed_out":
+        raise ToolError(f"command timed out after {timeout:g} s and was killed, with every process it started; "
+                        f"run something quicker or pass a larger timeout. Output so far:\n{_command_output(result)}")
+    if result.ending == "stopped":
+        raise ToolError(f"command was stopped because the run is ending. Output so far:\n{_command_output(result)}")
+    return f"exit code: {result.exit_code}\n{_command_output(result)}{_leftovers_note(result.leftovers)}"
 
 
 TOOLS: dict[str, Callable[..., str]] = {
@@ -99,84 +106,61 @@ def _existing(workspace: Workspace, path: str) -> Path:
     return resolved
 
 
-def _existing_file(workspace: Workspace, path: str) -> Path:
-    file = _existing(workspace, path)
-    if file.is_dir():
+def _open_text_file(workspace: Workspace, path: str) -> BinaryIO:
+    resolved = _existing(workspace, path)
+    if resolved.is_dir():
         raise ToolError(f"{path!r} is a directory; use list_dir to see its contents")
+    file = workspace.open_file(resolved)
+    if is_binary(file):
+        file.close()
+        raise ToolError(f"{path!r} is a binary file; only text files can be read")
     return file
 
 
-def _read_text(file: Path, shown_path: str) -> str:
-    data = file.read_bytes()
-    if _is_binary(data):
-        raise ToolError(f"{shown_path!r} is a binary file; only text files can be read")
-    return data.decode("utf-8", errors="replace")
-
-
-def _is_binary(data: bytes) -> bool:
-    return b"\x00" in data[:BINARY_SNIFF_BYTES]
-
-
-def _line_range(path: str, total: int, start_line: int | None, end_line: int | None) -> tuple[int, int]:
+def _check_line_range(start_line: int | None, end_line: int | None) -> int:
     first = 1 if start_line is None else start_line
-    last = total if end_line is None else min(end_line, total)
     if first < 1:
         raise ToolError(f"start_line must be 1 or more (lines are numbered from 1), not {first}")
-    if first > total:
-        raise ToolError(f"start_line {first} is past the end of {path!r}, which has {total} lines")
-    if last < first:
+    if end_line is not None and end_line < first:
         raise ToolError(f"end_line {end_line} is before start_line {first}; give end_line >= start_line")
-    return first, last
+    return first
 
 
-def _compile(pattern: str) -> re.Pattern:
-    try:
-        return re.compile(pattern)
-    except re.error as err:
-        raise ToolError(f"pattern {pattern!r} is not a valid Python regular expression: {err}") from None
+def _numbered_lines(file: BinaryIO, first: int, last: int | None) -> tuple[list[str], int]:
+    """The lines first..last as read_file shows them (at most MAX_READ_CHARS), and how many
+    lines were read: all of them when none was shown."""
+    shown: list[str] = []
+    kept_chars, number = 0, 0
+    for line in text_lines(file):
+        number = line.number
+        if number < first:
+            continue
+        if last is not None and number > last:
+            break
+        if kept_chars > MAX_READ_CHARS:
+            shown.append(f"[read_file shows at most {MAX_READ_CHARS} characters at once; to see the rest, "
+                         f"call read_file with start_line={number}]")
+            break
+        shown.append(f"{number:>4} | {line.text}{_cut_note(line)}")
+        kept_chars += len(shown[-1]) + 1
+    return shown, number
 
 
-def _files_under(workspace: Workspace, base: Path, glob: str | None) -> Iterator[Path]:
-    files = [base] if base.is_file() else _walk_files(base)
-    for file in files:
-        if workspace.contains(Path(os.path.realpath(file))) and _glob_matches(workspace.relative(file), glob):
-            yield file
+def _cut_note(line: Line) -> str:
+    return f" [... line cut: {line.cut_bytes} more bytes]" if line.cut_bytes else ""
 
 
-def _walk_files(base: Path) -> Iterator[Path]:
-    for directory, subdirectories, names in os.walk(base):  # does not descend into symlinked dirs
-        subdirectories[:] = sorted(name for name in subdirectories if name not in SKIPPED_DIRS)
-        yield from (Path(directory, name) for name in sorted(names))
-
-
-def _glob_matches(relative_path: str, glob: str | None) -> bool:
-    if not glob:
-        return True
-    name = PurePosixPath(relative_path).name
-    return any(fnmatch(candidate, pattern) for candidate in (relative_path, name)
-               for pattern in (glob, glob.removeprefix("**/")))
-
-
-def _matching_lines(file: Path, regex: re.Pattern) -> list[tuple[int, str]]:
-    try:
-        data = file.read_bytes()
-    except OSError:
-        return []
-    if _is_binary(data):
-        return []
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    return [(number, line) for number, line in enumerate(lines, start=1) if regex.search(line)]
-
-
-def _clip(line: str) -> str:
-    line = line.strip()
-    return line if len(line) <= MAX_SEARCH_LINE_CHARS else line[:MAX_SEARCH_LINE_CHARS] + " ..."
-
-
-def _command_output(stdout: bytes, stderr: bytes) -> str:
-    sections = [f"--- {label} ---\n{data.decode('utf-8', errors='replace').rstrip()}"
-                for label, data in (("stdout", stdout), ("stderr", stderr)) if data.strip()]
+def _command_output(result: CommandResult) -> str:
+    sections = [f"--- {label} ---\n{text.rstrip()}"
+                for label, text in (("stdout", result.stdout), ("stderr", result.stderr)) if text.strip()]
     return "\n".join(sections) or "(no output)"
+
+
+def _leftovers_note(leftovers: int) -> str:
+    if not leftovers:
+        return ""
+    return (f"\n[{leftovers} background process(es) were still running when the command ended and were "
+            "killed; a process cannot outlive its run_command call]")
 
 
 # --- checking and running a model's call ---------------------------------------------------
@@ -254,12 +238,24 @@ class ToolBox:
     def _truncate(self, output: str, call: ToolCall, ok: bool) -> tuple[str, bool]:
         if len(output) <= self.max_output_chars:
             return output, False
+        if call.name == "run_command":  # a command's last lines (errors, a test summary) matter most
+            return self._cut_middle(output, _continue_hint(call, ok, shown_lines=0)), True
         head = output[:self.max_output_chars]
         if "\n" in head:
             head = head[:head.rindex("\n")]
         hint = _continue_hint(call, ok, shown_lines=head.count("\n") + 1)
         note = f"[output truncated: the last {len(output) - len(head)} of {len(output)} characters were cut. {hint}]"
         return f"{head}\n{note}", True
+
+    def _cut_middle(self, output: str, hint: str) -> str:
+        half = self.max_output_chars // 2
+        head, tail = output[:half], output[-half:]
+        if head.rfind("\n") > half // 2:  # end on a whole line, unless the lines are very long
+            head = head[:head.rindex("\n")]
+        if -1 < tail.find("\n") < half // 2:
+            tail = tail[tail.index("\n") + 1:]
+        cut = len(output) - len(head) - len(tail)
+        return f"{head}\n[output truncated: {cut} of {len(output)} characters were cut from the middle. {hint}]\n{tail}"
 
 
 def _check_arguments(name: str, arguments: object) -> None:

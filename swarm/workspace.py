@@ -4,16 +4,29 @@
 ("copy") or the source tree itself, read-only ("shared-readonly"). `Workspace.resolve` is the
 gate every path from the model goes through: after symlinks are followed, the path must still
 lie under the root.
+
+A checked path is then opened from a descriptor of the root, one component at a time with
+O_NOFOLLOW (openat-style): `resolve` already followed every link, so a link met on the way was
+swapped in after the check and is refused instead of being followed out of the workspace.
+Only regular files and folders are opened; a FIFO, socket or device is refused before opening,
+and files open with O_NONBLOCK so that a swap to a FIFO cannot hang the open either.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from engine.errors import SpecError
 
 WORKSPACE_MODES = ("copy", "shared-readonly")
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_KINDS = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}
 
 
 class ToolError(Exception):
@@ -37,8 +50,7 @@ class Workspace:
         if os.path.isabs(relative_path) or relative_path.startswith("~"):
             raise ToolError(f"path {shown} is absolute; use a path relative to the workspace root")
         resolved = Path(os.path.realpath(self.root / relative_path))
-        if os.path.realpath(resolved) != str(resolved):  # realpath gives up at a link loop, joining the rest unresolved
-            raise ToolError(f"path {shown} goes through a symbolic link loop; use a path without it")
+        _refuse_link_loops(resolved, shown)
         if self.contains(resolved):
             return resolved
         if ".." in PurePosixPath(relative_path).parts:
@@ -55,6 +67,114 @@ class Workspace:
     def require_writable(self) -> None:
         if self.read_only:
             raise ToolError("this workspace is read-only; you can list, read and search files but not change them")
+
+    def open_directory(self, real_path: Path) -> int:
+        """A descriptor of the folder at `real_path` (a path from `resolve`), reached from the
+        root without following a link. The caller closes it."""
+        return self._walk(real_path, self._parts(real_path), create=False)
+
+    def open_file(self, real_path: Path, write: bool = False) -> BinaryIO:
+        """The regular file at `real_path` (a path from `resolve`), opened beneath the root
+        without following a link. Writing creates it and missing folders, and empties it."""
+        *folders, name = self._parts(real_path) or [""]
+        if not name:
+            raise ToolError(f"{self.relative(real_path)!r} is a directory, not a file")
+        parent = self._walk(real_path, folders, create=write)
+        try:
+            descriptor = _open_regular(parent, name, self.relative(real_path), write)
+        finally:
+            os.close(parent)
+        return os.fdopen(descriptor, "wb" if write else "rb")
+
+    def _parts(self, real_path: Path) -> list[str]:
+        assert self.contains(real_path), f"{real_path} was not checked by resolve()"
+        return list(real_path.relative_to(self.root).parts)
+
+    def _walk(self, real_path: Path, folders: list[str], create: bool) -> int:
+        descriptor = os.open(self.root, _DIRECTORY_FLAGS)
+        try:
+            for name in folders:
+                if create:
+                    _make_folder(descriptor, name)
+                step = _open_folder(descriptor, name, self.relative(real_path))
+                os.close(descriptor)
+                descriptor = step
+        except BaseException:
+            os.close(descriptor)
+            raise
+        return descriptor
+
+
+def _refuse_link_loops(resolved: Path, shown: str) -> None:
+    # realpath gives up at a loop and returns the rest unresolved, which the second call then shows
+    loops = _stat_errno(resolved) == errno.ELOOP
+    if loops or os.path.realpath(resolved) != str(resolved):
+        what = "is" if loops and os.path.islink(resolved) else "goes through"
+        raise ToolError(f"path {shown} {what} a symlink loop (a symbolic link that leads back to itself); "
+                        "use a path without it")
+
+
+def _stat_errno(path: Path) -> int:
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno
+    return 0
+
+
+def _make_folder(folder: int, name: str) -> None:
+    try:
+        os.mkdir(name, dir_fd=folder)
+    except FileExistsError:
+        pass
+
+
+def _open_folder(folder: int, name: str, shown: str) -> int:
+    try:
+        return os.open(name, _DIRECTORY_FLAGS, dir_fd=folder)
+    except NotADirectoryError:
+        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise _swapped_link(shown) from None
+        raise
+
+
+def _open_regular(folder: int, name: str, shown: str, write: bool) -> int:
+    try:
+        _require_regular(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode, shown)
+    except FileNotFoundError:
+        if not write:
+            raise ToolError(f"{shown!r} does not exist; use list_dir to see what is there") from None
+    flags = _FILE_FLAGS | (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY)
+    try:
+        descriptor = os.open(name, flags, 0o666, dir_fd=folder)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _swapped_link(shown) from None
+        raise
+    try:
+        _require_regular(os.fstat(descriptor).st_mode, shown)
+        if write:
+            os.ftruncate(descriptor, 0)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _require_regular(mode: int, shown: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise ToolError(f"{shown!r} is a directory, not a file")
+    if stat.S_ISLNK(mode):
+        raise _swapped_link(shown)
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    raise ToolError(f"{shown!r} is {kind}; only regular files and folders can be used")
+
+
+def _swapped_link(shown: str) -> ToolError:
+    return ToolError(f"path {shown!r} changed while it was being opened: it goes through a symbolic link now; "
+                     "only files inside the workspace can be used")
 
 
 def prepare_workspace(source_dir: str | os.PathLike, dest_dir: str | os.PathLike | None,

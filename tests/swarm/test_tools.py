@@ -1,4 +1,5 @@
 import json
+import os
 import time
 from pathlib import Path
 
@@ -8,6 +9,13 @@ import harness_templates
 from swarm.tool_calls import ToolCall
 from swarm.tools import JSON_TYPE_NAMES, READ_ONLY_TOOLS, TOOLS, ToolBox, tool_params
 from swarm.workspace import Workspace
+from tests.swarm.process_helpers import (
+    BIG_FILE_LINES,
+    HANG_GUARD,
+    call_with_guard,
+    peak_growth_of_tool_call,
+    write_big_text_file,
+)
 
 TEMPLATES_DIR = Path(harness_templates.__file__).parent
 
@@ -122,9 +130,9 @@ def test_run_command_runs_in_the_workspace_and_reports_exit_code_and_streams(roo
 
 def test_run_command_is_killed_at_its_timeout(root):
     started = time.monotonic()
-    result = run(root, "run_command", command="echo started; sleep 30", timeout=0.5)
-    assert time.monotonic() - started < 5
-    assert not result.ok and "timed out after 0.5 s" in result.output and "started" in result.output
+    result = run(root, "run_command", command="echo started; sleep 30", timeout=2)
+    assert time.monotonic() - started < HANG_GUARD
+    assert not result.ok and "timed out after 2 s" in result.output and "started" in result.output
 
 
 def test_run_command_timeout_is_capped_by_the_toolbox(root):
@@ -212,3 +220,41 @@ def test_template_rules_are_static_text():
         rules = " ".join(json.loads((TEMPLATES_DIR / f"{template}.json").read_text())["rules"])
         assert "<tool_call>" in rules and "final answer" in rules
         assert "/tmp" not in rules and "/home" not in rules and "{date" not in rules
+
+
+@pytest.mark.parametrize("name, arguments", [
+    ("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"}),
+    ("search", {"pattern": "x", "path": "pipe"})])
+def test_a_fifo_is_refused_and_never_hangs_a_tool(root, name, arguments):
+    os.mkfifo(root / "pipe")
+    result = call_with_guard(lambda: run(root, name, **arguments))
+    assert not result.ok and "'pipe' is a named pipe (FIFO); only regular files and folders can be used" \
+        in result.output
+
+
+def test_a_symlink_loop_is_called_a_loop_by_the_tools(root):
+    (root / "loop").symlink_to("loop")
+    for name in ("read_file", "list_dir"):
+        assert "path 'loop' is a symlink loop" in run(root, name, path="loop").output
+
+
+def test_write_file_through_a_link_to_outside_writes_nothing_there(root):
+    result = run(root, "write_file", path="escape/new_dir/planted.py", content="x")
+    assert not result.ok and "outside the workspace" in result.output
+    assert sorted(os.listdir(root.parent / "outside")) == ["secret.py"]
+
+
+def test_read_file_cuts_a_very_long_line_and_stops_at_its_bound(root):
+    (root / "minified.js").write_bytes(b"x" * (3 << 20) + b"\nsecond\n")
+    box = ToolBox(Workspace(root), max_output_chars=4_000_000)
+    lines = box.run(ToolCall("read_file", {"path": "minified.js"}, raw="")).output.splitlines()
+    assert lines[0] == "   1 | " + "x" * (1 << 20) + f" [... line cut: {(3 << 20) - (1 << 20)} more bytes]"
+    assert lines[1].endswith("to see the rest, call read_file with start_line=2]")
+    assert box.run(ToolCall("read_file", {"path": "minified.js", "start_line": 2}, raw="")).output == "   2 | second"
+
+
+def test_read_file_streams_a_126_mb_file(tmp_path):
+    write_big_text_file(tmp_path / "big.txt")
+    measured = peak_growth_of_tool_call(tmp_path, "read_file", {"path": "big.txt", "start_line": BIG_FILE_LINES})
+    assert measured["output"].startswith(f"{BIG_FILE_LINES:>4} | NEEDLExxx")
+    assert measured["grown_mb"] < 100, measured["grown_mb"]

@@ -149,3 +149,56 @@ def test_unknown_mode_and_missing_source_are_spec_errors(sandbox, tmp_path):
         prepare_workspace(sandbox[0], tmp_path / "d", "move")
     with pytest.raises(SpecError, match="not a directory"):
         prepare_workspace(tmp_path / "missing", tmp_path / "d", "copy")
+
+
+def test_a_symlink_loop_is_called_a_loop(tricky_root):
+    with pytest.raises(ToolError, match="path 'loop' is a symlink loop"):
+        Workspace(tricky_root).resolve("loop")
+    with pytest.raises(ToolError, match="path 'loop/x' goes through a symlink loop"):
+        Workspace(tricky_root).resolve("loop/x")
+
+
+# A link swapped in between resolve() and the open is the race a concurrent process could win;
+# doing the swap between the two calls makes it deterministic.
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_refused_at_open(sandbox):
+    root, outside = sandbox
+    (root / "sub").mkdir()
+    workspace = Workspace(root)
+    checked = workspace.resolve("sub/deeper/planted.txt")
+    (root / "sub").rmdir()
+    (root / "sub").symlink_to(outside)
+    with pytest.raises(ToolError, match="goes through a symbolic link now"):
+        workspace.open_file(checked, write=True)
+    assert sorted(os.listdir(outside)) == ["secret.txt"]
+
+
+def test_a_file_swapped_for_a_link_after_the_check_is_refused_at_open(sandbox):
+    root, outside = sandbox
+    workspace = Workspace(root)
+    checked = workspace.resolve("src/a.py")
+    (root / "src" / "a.py").unlink()
+    (root / "src" / "a.py").symlink_to(outside / "secret.txt")
+    for write in (False, True):
+        with pytest.raises(ToolError, match="goes through a symbolic link now"):
+            workspace.open_file(checked, write=write)
+    assert (outside / "secret.txt").read_text() == "secret\n"
+
+
+def test_open_file_writes_and_reads_beneath_the_root(sandbox):
+    root, _ = sandbox
+    workspace = Workspace(root)
+    with workspace.open_file(workspace.resolve("new/dir/f.txt"), write=True) as file:
+        file.write(b"x")
+    with workspace.open_file(workspace.resolve("link_in")) as file:
+        assert file.read() == b"print('a')\n"
+    assert (root / "new" / "dir" / "f.txt").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_a_fifo_is_refused_without_opening_it(sandbox, write):
+    root, _ = sandbox
+    os.mkfifo(root / "pipe")
+    workspace = Workspace(root)
+    with pytest.raises(ToolError, match=r"'pipe' is a named pipe \(FIFO\); only regular files and folders"):
+        workspace.open_file(workspace.resolve("pipe"), write=write)
