@@ -141,6 +141,10 @@ class AsyncEngine:
         self._submit(run)
         return future
 
+    async def max_request_tokens(self, prompt_ids: list[int]) -> int:
+        """LLMEngine.max_request_tokens, asked in the engine thread: the pool is that thread's alone."""
+        return await asyncio.wrap_future(self.call(lambda engine: engine.max_request_tokens(prompt_ids)))
+
     async def snapshot(self) -> EngineSnapshot:
         return await asyncio.wrap_future(self.call(self._snapshot))
 

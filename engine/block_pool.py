@@ -44,6 +44,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_order: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.children: dict[int, dict[int, None]] = {}
+        self.num_pinned = 0
 
     @property
     def num_blocks(self) -> int:
@@ -63,6 +64,9 @@ class BlockPool:
 
     def is_shared(self, block_id: int) -> bool:
         return self.blocks[block_id].ref_count > 1
+
+    def is_pinned(self, block_id: int) -> bool:
+        return self.blocks[block_id].pins > 0
 
     def allocate(self) -> int:
         """Take the least recently released free block, forgetting what it held."""
@@ -89,12 +93,16 @@ class BlockPool:
     def pin(self, block_id: int) -> None:
         block = self.blocks[block_id]
         assert block.ref_count > 0 or block.pins > 0, "pin only blocks that hold content in use"
+        if block.pins == 0:
+            self.num_pinned += 1
         block.pins += 1
 
     def unpin(self, block_id: int) -> None:
         block = self.blocks[block_id]
         assert block.pins > 0, f"unpin of block {block_id} that is not pinned"
         block.pins -= 1
+        if block.pins == 0:
+            self.num_pinned -= 1
         self._free_if_unused(block)
 
     def record_tokens(self, block_id: int, parent_hash: int, token_ids: list[int]) -> None:

@@ -15,6 +15,12 @@ class UnsupportedArchitectureError(ModelLoadError):
     """A model whose architecture the engine does not implement."""
 
 
+class OptionError(SwarmError):
+    """A value given on the command line that swarm does not take (a usage error)."""
+
+    exit_code = 2
+
+
 class SpecError(SwarmError):
     """A swarm.yaml that is broken, incomplete or names something that does not exist."""
 

@@ -8,7 +8,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.block_pool import BlockPool
-from engine.errors import SwarmError
+from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
 from engine.kv_cache import KVCache, blocks_for_budget
 from engine.kv_stats import KVStats, collect_stats
@@ -104,6 +104,15 @@ class LLMEngine:
     def unpin(self, block_ids: list[int]) -> None:
         self.blocks.unpin(block_ids)
 
+    def max_request_tokens(self, prompt_ids: list[int]) -> int:
+        """The most tokens, prompt and output, one request starting with `prompt_ids` can hold in KV:
+        every block no pin holds, plus the pinned blocks (a trunk) it shares whole. Other requests
+        do not count: they give way to it, or it waits for them."""
+        pool, size = self.blocks.pool, self.blocks.block_size
+        matched_blocks, matched = self.blocks.match_prefix(prompt_ids)
+        shared_pinned = sum(1 for block_id in matched_blocks[:matched // size] if pool.is_pinned(block_id))
+        return (pool.num_blocks - pool.num_pinned + shared_pinned) * size
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -188,7 +197,7 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise SwarmError(f"device {name!r} is not known to torch; use auto, cpu or cuda") from None
+        raise OptionError(f"device {name!r} is not known to torch; use auto, cpu or cuda") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SwarmError("device 'cuda' asked for, but torch sees no GPU; use --device cpu or auto")
     return device
@@ -205,7 +214,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.float32
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
-        raise SwarmError(f"dtype {name!r} is not supported; use one of auto, {', '.join(dtypes)}")
+        raise OptionError(f"dtype {name!r} is not supported; use one of auto, {', '.join(dtypes)}")
     if device.type == "cpu" and not cpu_has_native(dtypes[name]):
         warnings.warn(f"this CPU has no native {name} matrix units (AVX512-BF16/AMX), so {name} runs "
                       "emulated and prefill is several times slower than float32; use dtype auto or float32",

@@ -41,10 +41,20 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special tokens written in the text are recognised."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = self._encoding(text).ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
         return ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` (no BOS) and the character span of each."""
+        encoding = self._encoding(text)
+        return list(encoding.ids), [tuple(span) for span in encoding.offsets]
+
+    def _encoding(self, text: str):
+        # encode_batch lets go of the GIL while it tokenizes (encode holds it throughout), so a long
+        # prompt tokenized in a worker thread does not stop the server's event loop for seconds.
+        return self.backend.encode_batch([text], add_special_tokens=False)[0]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

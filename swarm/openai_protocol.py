@@ -161,7 +161,7 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: Union[str, list]   # text, token ids, or a list of one of them: see single_prompt
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
     suffix: str | None = None
@@ -172,7 +172,8 @@ class CompletionRequest(GenerationRequest):
             param = "echo" if self.echo else "suffix"
             raise ApiError(400, f"{param} is not supported", param=param)
 
-    def single_prompt(self) -> Union[str, list[int]]:
+    def single_prompt(self) -> Union[str, list]:
+        """The text, or the token ids as sent: the server checks them against its vocabulary."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:

@@ -15,7 +15,7 @@ import json
 import logging
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from starlette.requests import Request
 
@@ -30,8 +30,9 @@ log = logging.getLogger("swarm.serve")
 
 @dataclass(slots=True)
 class Finished:
-    finish_reason: str
+    finish_reason: str           # as the client gets it: tool_calls when the reply holds calls
     num_cached_tokens: int
+    output: ChatOutput
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class Job:
     output: OutputText
     include_usage: bool
     chat: bool
+    on_finish: Callable[[str], None] = lambda finish_reason: None
     finished: Finished | None = None
 
 
@@ -94,7 +96,7 @@ async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     async with aclosing(_pieces(engine, job)) as pieces:
         async for piece in pieces:
             yield _sse(_chunk(job, {"content": piece}) if job.chat else _chunk(job, text=piece))
-    for chunk in _final_chunks(job, job.output.finish(), job.finished):
+    for chunk in _final_chunks(job, job.finished):
         yield _sse(chunk)
     if job.include_usage:
         yield _sse({**_envelope(job), "choices": [], "usage": _usage(job, job.finished)})
@@ -112,8 +114,12 @@ async def _pieces(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
 
 
 def _note_finish(job: Job, delta: GenerationDelta) -> None:
-    if delta.finish_reason:
-        job.finished = Finished(delta.finish_reason, delta.num_cached_tokens)
+    if not delta.finish_reason:
+        return
+    output = job.output.finish()
+    reason = "tool_calls" if output.tool_calls else delta.finish_reason
+    job.finished = Finished(reason, delta.num_cached_tokens, output)
+    job.on_finish(reason)
 
 
 async def _run(engine: AsyncEngine, job: Job) -> Finished:
@@ -128,9 +134,9 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-def _final_chunks(job: Job, output: ChatOutput, finished: Finished) -> list[dict]:
+def _final_chunks(job: Job, finished: Finished) -> list[dict]:
+    output, reason = finished.output, finished.finish_reason
     rest = job.output.unsent(output)
-    reason = "tool_calls" if output.tool_calls else finished.finish_reason
     if not job.chat:
         return ([_chunk(job, text=rest)] if rest else []) + [_chunk(job, text="", finish_reason=reason)]
     chunks = [_chunk(job, {"content": rest})] if rest else []
@@ -140,17 +146,17 @@ def _final_chunks(job: Job, output: ChatOutput, finished: Finished) -> list[dict
 
 
 def _chat_response(job: Job, finished: Finished) -> dict:
-    output = job.output.finish()
+    output = finished.output
     message = {"role": "assistant", "content": output.content}
     if output.tool_calls:
         message["tool_calls"] = output.tool_calls
-    reason = "tool_calls" if output.tool_calls else finished.finish_reason
     return {**_envelope(job, "chat.completion"), "usage": _usage(job, finished),
-            "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}]}
+            "choices": [{"index": 0, "message": message, "finish_reason": finished.finish_reason,
+                         "logprobs": None}]}
 
 
 def _completion_response(job: Job, finished: Finished) -> dict:
-    choice = {"index": 0, "text": job.output.finish().content or "", "finish_reason": finished.finish_reason,
+    choice = {"index": 0, "text": finished.output.content or "", "finish_reason": finished.finish_reason,
               "logprobs": None}
     return {**_envelope(job, "text_completion"), "choices": [choice], "usage": _usage(job, finished)}
 

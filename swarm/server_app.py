@@ -7,10 +7,15 @@
     GET  /metrics                Prometheus: KV memory, sharing, prefix hits, requests, tokens
 
 Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "param", "code"}}`.
+
+A request is checked before the engine computes anything for it: body size, then (in a worker
+thread, as rendering and tokenizing a long prompt takes seconds) its prompt, then whether the
+prompt fits the context and the KV blocks the pinned trunk leaves it.
 """
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -20,17 +25,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.async_engine import AsyncEngine
+from engine.tokenizer import Tokenizer
 from swarm.chat_output import OutputText
 from swarm.chat_prompt import ChatPrompter
 from swarm.openai_protocol import (ApiError, ChatCompletionRequest, CompletionRequest, GenerationRequest,
                                    error_body, utf8_text)
 from swarm.openai_responses import ClientGone, Job, generate_all, generate_events
-from swarm.server_metrics import metrics_registry
+from swarm.server_metrics import ReplyCounts, metrics_registry
 
 log = logging.getLogger("swarm.serve")
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Bodies above this get a 413: far more text than any context holds, little enough to parse."""
 
 
 @dataclass(slots=True)
@@ -42,14 +54,18 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # inside the key check: its errors reach ours
     if api_key:
         _require_key(app, api_key)
     limits = _Limits.of(engine)
-    prompter = ChatPrompter(engine.engine.tokenizer)
-    registry = metrics_registry(engine, model)
+    tokenizer = engine.engine.tokenizer
+    prompter = ChatPrompter(tokenizer)
+    replies = ReplyCounts()
+    registry = metrics_registry(engine, model, replies)
 
     @app.get("/health")
     async def health():
@@ -66,21 +82,17 @@ def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = Non
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check(body, model)
-        prompt = prompter.build(body.messages, body.tools, body.tool_choice)
-        output = OutputText(engine.engine.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
-        job = _job(body, model, limits, prompt.token_ids, "messages", output, chat=True)
+        prompt = await run_in_threadpool(prompter.build, body.messages, body.tools, body.tool_choice)
+        output = OutputText(tokenizer, body.stop_strings(), prompt.parse_tool_calls)
+        job = await _job(engine, body, limits, prompt.token_ids, "messages", output, replies, chat=True)
         return await _answer(engine, job, body.stream, request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check(body, model)
-        prompt = body.single_prompt()
-        if isinstance(prompt, str):
-            ids = engine.engine.tokenizer.encode(utf8_text(prompt, "prompt"), add_special_tokens=True)
-        else:
-            ids = limits.check_token_ids(prompt)
-        output = OutputText(engine.engine.tokenizer, body.stop_strings(), tool_calls=False)
-        job = _job(body, model, limits, ids, "prompt", output, chat=False)
+        ids = await run_in_threadpool(_completion_ids, body.single_prompt(), tokenizer, limits)
+        output = OutputText(tokenizer, body.stop_strings(), tool_calls=False)
+        job = await _job(engine, body, limits, ids, "prompt", output, replies, chat=False)
         return await _answer(engine, job, body.stream, request)
 
     @app.get("/metrics")
@@ -102,24 +114,36 @@ class _Limits:
         pool = llm.blocks.pool
         return cls(llm.config.max_position_embeddings, pool.num_blocks * pool.block_size, llm.config.vocab_size)
 
-    def max_new_tokens(self, prompt_tokens: int, param: str) -> int:
-        """How many tokens may follow a prompt; 400 when the prompt alone does not fit."""
-        if prompt_tokens >= self.context:
+    async def room(self, engine: AsyncEngine, prompt_ids: list[int], param: str) -> int:
+        """How many tokens may follow the prompt; a 400 before any compute when it alone does not fit."""
+        prompt = len(prompt_ids)
+        if prompt >= self.context:
             raise ApiError(400, f"this model's maximum context length is {self.context} tokens, and the "
-                                f"{param} have {prompt_tokens}; shorten them", param=param,
-                           code="context_length_exceeded")
-        if prompt_tokens >= self.kv_tokens:
-            raise ApiError(400, f"the {param} need {prompt_tokens} tokens of KV cache and the server's pool "
-                                f"holds {self.kv_tokens}; shorten them or restart with a larger --kv-budget",
-                           param=param, code="context_length_exceeded")
-        return min(self.context, self.kv_tokens) - prompt_tokens
+                                f"{param} have {prompt}; shorten them", param=param, code="context_length_exceeded")
+        held = await engine.max_request_tokens(prompt_ids)
+        if prompt >= held:
+            raise ApiError(400, self._kv_full(prompt, held, param), param=param, code="context_length_exceeded")
+        return min(self.context, held) - prompt
 
-    def check_token_ids(self, ids: list[int]) -> list[int]:
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+    def _kv_full(self, prompt: int, held: int, param: str) -> str:
+        pinned = self.kv_tokens - held
+        pool = (f"the pool holds {self.kv_tokens} tokens and the pinned trunk keeps {pinned} of them (a prompt "
+                "that starts with the trunk shares those)") if pinned else f"the pool holds {self.kv_tokens} tokens"
+        return (f"the {param} have {prompt} tokens, but at most {held - 1} fit in this server's KV cache: {pool}; "
+                "shorten them or restart with a larger --kv-budget")
+
+    def check_token_ids(self, ids: list) -> list[int]:
+        bad = next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise ApiError(400, f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                           param="prompt")
+            raise ApiError(400, f"prompt: token ids must be integers from 0 to {self.vocab_size - 1}; item {bad} "
+                                f"is {json.dumps(ids[bad])}", param="prompt")
         return ids
+
+
+def _completion_ids(prompt: str | list, tokenizer: Tokenizer, limits: _Limits) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(utf8_text(prompt, "prompt"), add_special_tokens=True)
+    return limits.check_token_ids(prompt)
 
 
 def _check(body: GenerationRequest, model: ServedModel) -> None:
@@ -129,21 +153,17 @@ def _check(body: GenerationRequest, model: ServedModel) -> None:
     body.check_supported()
 
 
-def _job(body: GenerationRequest, model: ServedModel, limits: _Limits, prompt_ids: list[int],
-         param: str, output: OutputText, chat: bool) -> Job:
-    room = limits.max_new_tokens(len(prompt_ids), param)
+async def _job(engine: AsyncEngine, body: GenerationRequest, limits: _Limits, prompt_ids: list[int],
+               param: str, output: OutputText, replies: ReplyCounts, chat: bool) -> Job:
+    room = await limits.room(engine, prompt_ids, param)
     wanted = body.requested_max_tokens()
-    if wanted is not None and wanted > room:
-        raise ApiError(400, f"max_tokens is {wanted}, but after the {len(prompt_ids)} prompt tokens only {room} "
-                            "fit in the context; lower max_tokens", param="max_tokens",
-                       code="context_length_exceeded")
-    try:
-        params = body.sampling_params(wanted or room)
+    try:  # more than fits, or none asked: up to what fits, ending with "length" (as llama.cpp does)
+        params = body.sampling_params(min(wanted or room, room))
     except ValueError as err:
         raise ApiError(400, str(err)) from None
     prefix = "chatcmpl" if chat else "cmpl"
     return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, prompt_ids, params, output,
-               body.include_usage, chat)
+               body.include_usage, chat, on_finish=replies.add)
 
 
 class _EventStream(StreamingResponse):
@@ -165,6 +185,45 @@ async def _answer(engine: AsyncEngine, job: Job, stream: bool, request: Request)
     except ClientGone:
         log.info("client of %s went away; request cancelled", job.request_id)
         return Response(status_code=499)
+
+
+class _BodyLimit:
+    """413 for a body over `max_bytes`, before anything parses it: at once when its Content-Length
+    says so, else when the bytes received pass the limit. (uvicorn reads and drops the rest.)"""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if _content_length(scope) > self.max_bytes:
+            return await JSONResponse(error_body(self._message(), "invalid_request_error"), 413)(scope, receive, send)
+        received = 0
+
+        async def receive_within_limit():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:  # raised inside the route's body read: the error handlers answer it
+                raise HTTPException(413, self._message())
+            return message
+
+        await self.app(scope, receive_within_limit, send)
+
+    def _message(self) -> str:
+        return (f"the request body is larger than the {_binary_size(self.max_bytes)} ({self.max_bytes} bytes) "
+                "this server takes; send a shorter prompt")
+
+
+def _binary_size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
+
+
+def _content_length(scope: Scope) -> int:
+    value = Headers(scope=scope).get("content-length", "")
+    return int(value) if value.isdigit() else -1
 
 
 def _require_key(app: FastAPI, api_key: str) -> None:

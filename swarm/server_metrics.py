@@ -7,11 +7,15 @@
     swarm_kv_saved_bytes                            what the shared blocks would cost again unshared
     swarm_prefix_cache_hit_rate                     hit tokens / looked-up prompt tokens, since start
     swarm_num_requests_running / _waiting
-    swarm_requests_total{finish_reason}, swarm_prompt_tokens_total, swarm_cached_prompt_tokens_total,
+    swarm_requests_total{finish_reason}             the reason its client got (tool_calls too), counted by
+                                                    the server; cancelled and error by the engine
+    swarm_prompt_tokens_total, swarm_cached_prompt_tokens_total,
     swarm_generation_tokens_total, swarm_preemptions_total, swarm_engine_step_errors_total
 """
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,25 +26,44 @@ from engine.async_engine import AsyncEngine, EngineSnapshot
 if TYPE_CHECKING:
     from swarm.server_app import ServedModel
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
+ENGINE_FINISH_REASONS = ("cancelled", "error")
+"""Only the engine sees these; whether a finished reply is `tool_calls` only the server knows."""
+
+
+class ReplyCounts:
+    """Replies by the finish reason their client was given; added on the event loop, read per scrape."""
+
+    def __init__(self):
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, finish_reason: str) -> None:
+        with self._lock:
+            self._counts[finish_reason] += 1
+
+    def counts(self) -> Counter:
+        with self._lock:
+            return Counter(self._counts)
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: AsyncEngine, model: "ServedModel"):
+    def __init__(self, engine: AsyncEngine, model: "ServedModel", replies: ReplyCounts):
         self.engine = engine
         self.model = model
+        self.replies = replies
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.engine.snapshot_blocking()
         yield from kv_metrics(snapshot)
-        yield from request_metrics(snapshot)
+        yield from request_metrics(snapshot, self.replies.counts())
         yield _gauge("swarm_trunk_tokens", "Tokens of the pinned trunk prefilled at start (0: none).",
                      self.model.trunk_tokens)
 
 
-def metrics_registry(engine: AsyncEngine, model: "ServedModel") -> CollectorRegistry:
+def metrics_registry(engine: AsyncEngine, model: "ServedModel", replies: ReplyCounts) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, model))
+    registry.register(EngineCollector(engine, model, replies))
     return registry
 
 
@@ -71,13 +94,15 @@ def kv_metrics(snapshot: EngineSnapshot) -> Iterator[Metric]:
                    kv.tokens_computed)
 
 
-def request_metrics(snapshot: EngineSnapshot) -> Iterator[Metric]:
+def request_metrics(snapshot: EngineSnapshot, replies: Counter) -> Iterator[Metric]:
     counters = snapshot.counters
     yield _gauge("swarm_num_requests_running", "Requests computing: prefilling or decoding.", snapshot.num_running)
     yield _gauge("swarm_num_requests_waiting", "Requests queued for admission.", snapshot.num_waiting)
-    finished = CounterMetricFamily("swarm_requests", "Finished requests by finish reason.", labels=["finish_reason"])
-    for reason in sorted(set(FINISH_REASONS) | set(counters.finished)):
-        finished.add_metric([reason], counters.finished[reason])
+    finished = CounterMetricFamily("swarm_requests", "Finished requests by the finish reason their client got.",
+                                   labels=["finish_reason"])
+    reasons = replies + Counter({reason: counters.finished[reason] for reason in ENGINE_FINISH_REASONS})
+    for reason in sorted(set(FINISH_REASONS) | set(reasons)):
+        finished.add_metric([reason], reasons[reason])
     yield finished
     yield _counter("swarm_requests_added", "Requests the engine accepted.", counters.requests_added)
     yield _counter("swarm_prompt_tokens", "Prompt tokens of accepted requests.", counters.prompt_tokens)

@@ -171,9 +171,7 @@ def _tokenized_trunk(tokenizer: Tokenizer, text: str, mode: str) -> Trunk:
 def tokenize_with_offsets(tokenizer: Tokenizer, text: str,
                           first: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
     """Ids and character spans; a BOS token is added only at the very start, and only once."""
-    encoding = tokenizer.backend.encode(text, add_special_tokens=False)
-    ids, offsets = list(encoding.ids), [tuple(span) for span in encoding.offsets]
-    assert ids == tokenizer.encode(text), "offsets must come from the same tokenization as the ids"
+    ids, offsets = tokenizer.encode_with_offsets(text)
     bos = tokenizer.bos_token_id
     if first and tokenizer.add_bos_token and bos is not None and ids[:1] != [bos]:
         return [bos] + ids, [(0, 0)] + offsets

@@ -148,3 +148,26 @@ def test_shutdown_fails_what_is_still_running(model_dir):
     assert not engine.is_alive
     with pytest.raises(RequestFailed):
         engine.call(lambda e: None)
+
+
+def test_max_request_tokens_leaves_out_the_pinned_blocks_a_prompt_does_not_share(model_dir):
+    llm = LLMEngine(str(model_dir), EngineOptions(device="cpu", dtype="float32", kv_budget_tokens=1024))
+    trunk = list(range(3, 43))  # two whole blocks of 16 and one of 8
+    seq = llm.add_request(trunk, SamplingParams(max_tokens=1), prefill_only=True)
+    while seq.finish_reason is None:
+        llm.step()
+    pinned = llm.pin(seq)
+    llm.release(seq)
+    engine = AsyncEngine(llm).start()
+
+    async def held(prompt: list[int]) -> int:
+        return await engine.max_request_tokens(prompt)
+
+    try:
+        assert asyncio.run(held([200, 201])) == 1024 - 3 * 16
+        assert asyncio.run(held(trunk + [200])) == 1024 - 3 * 16 + 2 * 16
+        assert asyncio.run(held(trunk[:20])) == 1024 - 3 * 16 + 1 * 16
+        engine.call(lambda e: e.unpin(pinned)).result()
+        assert asyncio.run(held(trunk + [200])) == 1024
+    finally:
+        engine.shutdown()

@@ -29,13 +29,14 @@ MODEL = "tiny"
 class ServerThread:
     """uvicorn serving `build_app` in a thread, on a port the OS picks."""
 
-    def __init__(self, engine: LLMEngine, model: ServedModel | None = None, api_key: str | None = None):
+    def __init__(self, engine: LLMEngine, model: ServedModel | None = None, api_key: str | None = None,
+                 **app_options):
         self.async_engine = AsyncEngine(engine).start()
         self.served = model or ServedModel(MODEL)
         self.listener = bind("127.0.0.1", 0)
         self.port = self.listener.getsockname()[1]
-        config = uvicorn.Config(build_app(self.async_engine, self.served, api_key), log_level="warning",
-                                timeout_graceful_shutdown=1)
+        app = build_app(self.async_engine, self.served, api_key, **app_options)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
 

@@ -113,7 +113,6 @@ def test_a_stop_string_cuts_the_text_before_it(client):
     (dict(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages.0.role"),
     (dict(temperature=5), 400, "temperature"),
     (dict(max_tokens=0), 400, "max_tokens"),
-    (dict(max_tokens=5000), 400, "max_tokens"),
     (dict(n=2), 400, "n"),
     (dict(seed=2**70), 400, "seed"),
     (dict(messages=[{"role": "user", "content": "\ud800"}]), 400, "messages"),
@@ -141,7 +140,7 @@ def test_the_official_client_raises_the_matching_errors(client):
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model=MODEL, prompt=[5] * 2048, max_tokens=1)
     assert too_long.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+    with pytest.raises(openai.BadRequestError, match="integers from 0 to 319; item 1 is 100000"):
         client.completions.create(model=MODEL, prompt=[5, 100000], max_tokens=1)
 
 

@@ -1,7 +1,11 @@
-"""Many clients on one `swarm serve`: one batch for all, and a client that leaves frees its blocks."""
+"""Many clients on one `swarm serve`: one batch for all, a client that leaves frees its blocks, and
+a long prompt being rendered and tokenized holds up nobody else."""
 import asyncio
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from tests.swarm.run_helpers import tiny_model
@@ -77,3 +81,58 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request_and_frees_its_block
     assert metric(after, "swarm_kv_blocks", state="in_use") == 0
     generated = metric(after, "swarm_generation_tokens_total") - metric(before, "swarm_generation_tokens_total")
     assert generated < 1500
+
+
+@pytest.mark.parametrize("route, gated", [("chat", "apply_chat_template"), ("completions", "encode")])
+def test_a_prompt_being_rendered_or_tokenized_does_not_hold_up_other_clients(server, monkeypatch, route, gated):
+    """The prompt's work is held at a gate until /health has been answered: that can only happen
+    if the work runs off the event loop (on the loop, /health waits for the gate's timeout)."""
+    tokenizer = server.async_engine.engine.tokenizer
+    real, entered, release, threads = getattr(tokenizer, gated), threading.Event(), threading.Event(), []
+
+    def held(*args, **kwargs):
+        threads.append(threading.current_thread())
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, gated, held)
+    client = server.client()
+    with ThreadPoolExecutor(1) as pool:
+        if route == "chat":
+            reply = pool.submit(client.chat.completions.create, model=MODEL, messages=prompt(1), max_tokens=2,
+                                **GREEDY)
+        else:
+            reply = pool.submit(client.completions.create, model=MODEL, prompt="def add(a, b):", max_tokens=2,
+                                **GREEDY)
+        try:
+            assert entered.wait(30), "the request never reached its prompt's tokenization"
+            health = httpx.get(server.url + "/health", timeout=10)
+        finally:
+            release.set()
+        assert health.status_code == 200
+        assert reply.result(60).usage.completion_tokens == 2
+    assert server.thread not in threads
+
+
+def test_tokenizing_a_long_prompt_lets_other_threads_run(server):
+    """The event loop's thread must get the interpreter while a worker thread tokenizes: counted
+    as the loop-like thread's wake-ups during the one tokenizer call (a call that held the GIL
+    throughout would allow none, or one or two at its edges)."""
+    tokenizer = server.async_engine.engine.tokenizer
+    text = "def add(a, b):\n    return a + b\n" * 12000
+    wakeups, during, done = [0], [], threading.Event()
+
+    def tokenize():
+        start = wakeups[0]
+        tokenizer.encode(text)
+        during.append(wakeups[0] - start)
+        done.set()
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        wakeups[0] += 1
+    worker.join()
+    assert during[0] >= 20, f"only {during[0]} wake-ups while the tokenizer ran"

@@ -155,3 +155,21 @@ def test_the_next_turn_sends_the_call_and_its_result_back_and_reuses_the_first_t
                                               {"role": "user", "content": "<tool_response>\nx = 1\n</tool_response>"}])
     assert second.usage.prompt_tokens == len(tokenizer.encode(expected))
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+
+
+def test_metrics_count_replies_with_calls_under_tool_calls(server):
+    """One reply ends at EOS, one at max_tokens: both are tool calls to the client and to /metrics."""
+    calls = len(server.async_engine.engine.tokenizer.encode(READ_CALL))
+    script(server, READ_CALL)
+    client = server.client()
+    reasons = ("stop", "length", "tool_calls")
+    before = server.metrics()
+    whole = client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], tools=TOOLS)
+    streamed = list(client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], tools=TOOLS,
+                                                   max_tokens=calls, stream=True))
+    after = server.metrics()
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+    counted = {reason: after.get(f'swarm_requests_total{{finish_reason="{reason}"}}', 0)
+               - before.get(f'swarm_requests_total{{finish_reason="{reason}"}}', 0) for reason in reasons}
+    assert counted == {"stop": 0, "length": 0, "tool_calls": 2}
