@@ -22,8 +22,8 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0 (0 means greedy)")
+        if not self.temperature >= 0:  # also refuses NaN
+            raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:

@@ -48,6 +48,8 @@ def bench(
 
     One decode step, cascade attention against plain paged attention: swarm bench-decode.
     """
+    check_output_path("--out", out)
+    check_output_path("--plot", plot)
     options = BenchOptions(model, comma_ints("--agents", agents), comma_ints("--trunk", trunk), suffix, new_tokens,
                            tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
                            repeats, seed)
@@ -65,6 +67,12 @@ def bench(
         print(json.dumps(document, indent=2))
         return
     _print_report(report, Console(), out, plot)
+
+
+def check_output_path(name: str, path: Path | None) -> None:
+    """Refuse an output file that cannot be written before the benchmark runs, not after."""
+    if path is not None and (path.is_dir() or not path.parent.is_dir()):
+        raise BenchError(f"{name}: {path} is a folder, or its folder does not exist; name a file in an existing folder")
 
 
 def comma_ints(name: str, raw: str) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.named_models import DEFAULT_MODEL
-from swarm.bench_cmd import comma_ints
+from swarm.bench_cmd import check_output_path, comma_ints
 from swarm.bench_decode import DecodeBenchOptions, DecodeBenchReport, run_decode_bench
 from swarm.kv_budget import format_bytes
 
@@ -36,6 +36,7 @@ def bench_decode(
 
     Example: swarm bench-decode --agents 8 --trunk 4096 --out decode.json
     """
+    check_output_path("--out", out)
     options = DecodeBenchOptions(model, agents, comma_ints("--trunk", trunk), suffix, steps, device, dtype, seed)
     with Console(stderr=True).status("starting") as status:
         report = run_decode_bench(options, lambda what: status.update(what))

@@ -42,13 +42,13 @@ def generate(
     from engine.llm_engine import EngineOptions, LLMEngine
     from swarm.chat_output import OutputText
 
+    params = _params(max_tokens, temperature, top_p, top_k, seed)
     engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype))
     tokenizer = engine.tokenizer
     text = prompt
     if chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     ids = tokenizer.encode(text, add_special_tokens=True)
-    params = _params(max_tokens, temperature, top_p, top_k, seed)
     seq = engine.add_request(ids, params)
     started, output = time.perf_counter(), OutputText(tokenizer, stop=[], tool_calls=False)
     while not seq.is_finished:
@@ -62,10 +62,10 @@ def generate(
 
 
 def _params(max_tokens, temperature, top_p, top_k, seed):
-    from engine.errors import SwarmError
+    from engine.errors import OptionError
     from engine.sampling import SamplingParams
 
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     except ValueError as err:
-        raise SwarmError(str(err)) from None
+        raise OptionError(str(err)) from None

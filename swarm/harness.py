@@ -11,10 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 import harness_templates
 from engine.errors import SpecError
+from swarm.spec_reader import SpecReader
 from swarm.tool_schema import canonical_tools, tool_name
 
 TEMPLATES_DIR = Path(list(harness_templates.__path__)[0])
@@ -78,12 +77,14 @@ def load_harness(path: Path) -> Harness:
 
 def _read(path: Path):
     text = path.read_text()
+    if path.suffix != ".json":
+        reader = SpecReader(path)  # refuses YAML alias bombs, like a spec's
+        root = reader.compose(text)
+        return None if root is None else reader.value(root, "(top level)")
     try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
 
 
 def _line_of(text: str, needle: str) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from engine.errors import SwarmError
+from engine.errors import OptionError, SwarmError
 from engine.named_models import DEFAULT_MODEL
 
 TRUNK_REQUEST_ID = "trunk"
@@ -59,7 +59,8 @@ def serve(
 
     Example: swarm serve --model smollm2-135m-instruct --port 8000, then point any OpenAI client at http://127.0.0.1:8000/v1 (any api_key, unless --api-key or SWARM_API_KEY sets one).
     """
-    swarm_spec = _load_spec(spec) if spec is not None else None
+    _check_log_level(log_level)
+    swarm_spec = _load_spec(spec, model) if spec is not None else None
     settings = _settings(swarm_spec, model, device, dtype, kv_budget)
     listener = bind(host, port)
     try:
@@ -142,12 +143,19 @@ def pin_trunk(engine, trunk_ids: list[int]) -> tuple[int, int]:
     return len(trunk_ids), len(blocks)
 
 
-def _load_spec(path: Path):
+def _check_log_level(log_level: str) -> None:
+    from uvicorn.config import LOG_LEVELS
+
+    if log_level.lower() not in LOG_LEVELS:
+        raise OptionError(f"--log-level: {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+
+
+def _load_spec(path: Path, model: str | None):
     from swarm.spec import load_spec
 
     spec = load_spec(path)
-    if not spec.model:
-        raise SwarmError(f"{path}: the spec names no local model (its backend is remote); pass --model")
+    if not spec.model and model is None:
+        raise OptionError(f"{path}: the spec names no local model (its backend is remote); pass --model")
     return spec
 
 
@@ -160,7 +168,7 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None,
         try:
             budget = parse_kv_budget(int(kv_budget) if kv_budget.strip().isdigit() else kv_budget)
         except ValueError as err:
-            raise SwarmError(f"--kv-budget: {err}") from None
+            raise OptionError(f"--kv-budget: {err}") from None
     return ServeSettings(model=model or (spec.model if spec else DEFAULT_MODEL),
                          device=device or (spec.device if spec else "auto"),
                          dtype=dtype or (spec.dtype if spec else "auto"),

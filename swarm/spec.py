@@ -15,10 +15,10 @@ from engine.errors import ModelLoadError
 from engine.loader import resolve_model
 from engine.named_models import NAMED_MODELS
 from swarm.backend_spec import ENGINE_ONLY_KEYS, BackendSpec, read_backend
-from swarm.harness import resolve_harness
+from swarm.harness import load_harness, resolve_harness
 from swarm.kv_budget import KvBudget, parse_kv_budget
 from swarm.spec_reader import SpecReader, describe, end_line_of, line_of
-from swarm.tool_schema import normalize_tool
+from swarm.tool_schema import normalize_tool, tool_name
 from swarm.workspace import WORKSPACE_MODES
 
 TOP_KEYS = ["model", "backend", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
@@ -113,14 +113,16 @@ def load_spec(path: str | Path, check_model: bool = True) -> SwarmSpec:
     spec.task = _task(reader, root.get("task"), "task")
     spec.agents = _agents(reader, root["agents"], spec.task)
     _read_engine_keys(reader, root, spec)
-    spec.harness = _harness(reader, root.get("harness", root_node), base)
+    spec.harness = _harness(reader, root.get("harness"), root_node, base)
+    harness_tools = [tool_name(tool) for tool in load_harness(spec.harness).tools]
     spec.extra_rules = _rules(reader, root.get("extra_rules"), spec)
-    spec.extra_tools = _tools(reader, root.get("extra_tools"), spec)
+    spec.extra_tools = _tools(reader, root.get("extra_tools"), spec, harness_tools)
     spec.workspace = _workspace(reader, root.get("workspace"), base)
     spec.sampling = _section(reader, root.get("sampling"), "sampling", SamplingSpec, _SAMPLING)
     spec.limits = _section(reader, root.get("limits"), "limits", LimitsSpec, _LIMITS)
     spec.run_command = _section(reader, root.get("run_command"), "run_command", RunCommandSpec, _RUN_COMMAND)
-    spec.out = _path(base, reader.typed(root["out"], "out", str) if "out" in root else "runs")
+    _check_commands(reader, root.get("workspace"), spec, harness_tools)
+    spec.out = _out(reader, root.get("out"), root_node, base)
     return spec
 
 
@@ -215,13 +217,12 @@ def _context(reader: SpecReader, node: Node | None, key: str) -> dict[str, str]:
     return context
 
 
-def _harness(reader: SpecReader, node: Node, base: Path) -> Path:
-    """`node` is the harness value, or the whole file when the key is left out."""
-    ref = DEFAULT_HARNESS if isinstance(node, MappingNode) else reader.typed(node, "harness", str)
+def _harness(reader: SpecReader, node: Node | None, root: Node, base: Path) -> Path:
+    ref = DEFAULT_HARNESS if node is None else reader.typed(node, "harness", str)
     try:
         return resolve_harness(ref, base)
     except ValueError as err:
-        raise reader.fail(node, "harness", str(err)) from None
+        raise reader.fail(node or root, "harness", str(err)) from None
 
 
 def _rules(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[str]:
@@ -234,28 +235,64 @@ def _rules(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[str]:
     return rules
 
 
-def _tools(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[dict]:
+def _tools(reader: SpecReader, node: Node | None, spec: SwarmSpec, harness_tools: list[str]) -> list[dict]:
     if node is None:
         return []
-    tools = []
+    tools, given = [], {}
     for i, item in enumerate(reader.sequence(node, "extra_tools")):
+        key = f"extra_tools[{i}]"
         try:
-            tools.append(normalize_tool(reader.typed(item, f"extra_tools[{i}]", dict)))
+            tool = normalize_tool(reader.typed(item, key, dict))
         except ValueError as err:
-            raise reader.fail(item, f"extra_tools[{i}]", str(err)) from None
-        spec.lines[f"extra_tools[{i}]"] = (line_of(item), end_line_of(item))
+            raise reader.fail(item, key, str(err)) from None
+        name = tool_name(tool)
+        if name in harness_tools:
+            raise reader.fail(item, key, f"the harness already has a tool named {name!r}; rename it or drop it")
+        if name in given:
+            raise reader.fail(item, key, f"{given[name]} is already named {name!r}; tool names must differ")
+        given[name] = key
+        tools.append(tool)
+        spec.lines[key] = (line_of(item), end_line_of(item))
     return tools
+
+
+def _check_commands(reader: SpecReader, workspace: Node | None, spec: SwarmSpec, harness_tools: list[str]) -> None:
+    """The trunk keeps run_command only when run_command.enabled; a command could change a shared tree."""
+    tools = harness_tools + [tool_name(tool) for tool in spec.extra_tools]
+    if spec.workspace.mode != "shared-readonly" or "run_command" not in tools or not spec.run_command.enabled:
+        return
+    mode = reader.mapping(workspace, "workspace", ["path", "mode"])["mode"]
+    raise reader.fail(mode, "workspace.mode", "shared-readonly cannot go with the run_command tool (a command "
+                                              "could change the shared tree); set run_command.enabled: false "
+                                              "or workspace.mode: copy")
 
 
 def _workspace(reader: SpecReader, node: Node | None, base: Path) -> WorkspaceSpec:
     if node is None:
         return WorkspaceSpec(path=base)
     if not isinstance(node, MappingNode):
-        return WorkspaceSpec(path=_path(base, reader.typed(node, "workspace", str)))
+        return WorkspaceSpec(path=_folder(reader, node, "workspace", base))
     values = reader.mapping(node, "workspace", ["path", "mode"], required=["path"])
-    path = _path(base, reader.typed(values["path"], "workspace.path", str))
+    path = _folder(reader, values["path"], "workspace.path", base)
     mode = reader.choice(values["mode"], "workspace.mode", WORKSPACE_MODES) if "mode" in values else "copy"
     return WorkspaceSpec(path=path, mode=mode)
+
+
+def _folder(reader: SpecReader, node: Node, key: str, base: Path) -> Path:
+    path = _path(base, reader.typed(node, key, str))
+    if not path.exists():
+        raise reader.fail(node, key, f"no folder {path}; point it at the project the agents work on")
+    if not path.is_dir():
+        raise reader.fail(node, key, f"{path} is a file, not a folder; point it at the project the agents work on")
+    return path
+
+
+def _out(reader: SpecReader, node: Node | None, root: Node, base: Path) -> Path:
+    path = _path(base, "runs" if node is None else reader.typed(node, "out", str))
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise reader.fail(node or root, "out", f"{blocking} is a file, not a folder; name a folder for the run output")
+    return path
 
 
 def _section(reader: SpecReader, node: Node | None, key: str, cls: type, schema: dict):

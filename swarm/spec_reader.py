@@ -7,6 +7,7 @@ Each check returns a plain Python value or raises `SpecError` with one line:
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Iterable
 
@@ -16,6 +17,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from engine.errors import SpecError
 
+MAX_EXPANDED_VALUES = 100_000
+"""Values a spec may hold once its YAML aliases are expanded: far more than any real spec holds,
+far fewer than a "billion laughs" bomb, whose ten lines expand to 10^9."""
+MAX_NESTING = 64
+_NOT_FINITE = {"nan", ".nan", "inf", "+inf", "-inf", ".inf", "-.inf", "infinity", "-infinity"}
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
           list: "a list", dict: "a mapping"}
 
@@ -32,16 +38,26 @@ class SpecReader:
             raise SpecError(f"{self.display}: no such file; write one from swarm.yaml.example") from None
         except (OSError, UnicodeDecodeError) as err:
             raise SpecError(f"{self.display}: cannot read the file ({_one_line(err)})") from None
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.MarkedYAMLError as err:
-            raise SpecError(self._syntax_error(err)) from None
-        except yaml.YAMLError as err:
-            raise SpecError(f"{self.display}:1: broken YAML: {_one_line(err)}") from None
+        root = self.compose(text)
         if root is None:
             raise SpecError(f"{self.display}:1: the file is empty; it needs at least model: and agents:")
         if not isinstance(root, MappingNode):
             raise self.fail(root, "(top level)", "expected a mapping of keys like model:, agents:")
+        return root
+
+    def compose(self, text: str) -> Node | None:
+        """The YAML's nodes (None for an empty file), refusing what would take unbounded time or
+        memory to build into values."""
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except RecursionError:
+            raise SpecError(f"{self.display}:1: broken YAML: nested too deeply; flatten it") from None
+        except yaml.MarkedYAMLError as err:
+            raise SpecError(self._syntax_error(err)) from None
+        except yaml.YAMLError as err:
+            raise SpecError(f"{self.display}:1: broken YAML: {_one_line(err)}") from None
+        if root is not None:
+            self._refuse_alias_bombs(root)
         return root
 
     def fail(self, node: Node, key: str, message: str) -> SpecError:
@@ -77,6 +93,8 @@ class SpecReader:
         """A value of `kind`; an int is accepted as a float, a bool never as a number."""
         value = self.value(node, key)
         kinds = kind if isinstance(kind, tuple) else (kind,)
+        if (int in kinds or float in kinds) and _not_finite(value):
+            raise self.fail(node, key, f"expected a finite number, got {node.value!r}")
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, bool) and bool not in kinds:
@@ -106,12 +124,62 @@ class SpecReader:
             raise self.fail(node, key, f"expected a list, got {describe(node)}")
         return list(node.value)
 
+    def _refuse_alias_bombs(self, root: Node) -> None:
+        """Aliases (*name) share nodes, so a few lines can stand for 10^9 values that a later
+        walk over the value would take hours and gigabytes to expand; refuse them here."""
+        sizes = _ExpandedSizes(self)
+        if sizes.of(root, "(top level)") <= MAX_EXPANDED_VALUES:
+            return
+        node, key = root, "(top level)"
+        while bigger := [(c, k) for c, k in _children(node, key) if sizes.of(c, k) > MAX_EXPANDED_VALUES]:
+            node, key = bigger[0]
+        raise self.fail(node, key, f"expands to more than {MAX_EXPANDED_VALUES:,} values through YAML aliases "
+                                   "(*name); write the values out instead")
+
     def _syntax_error(self, err: yaml.MarkedYAMLError) -> str:
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark else 1
         column = f" (column {mark.column + 1})" if mark else ""
         problem = err.problem or err.context or "cannot parse"
         return f"{self.display}:{line}: broken YAML: {_one_line(problem)}{column}"
+
+
+class _ExpandedSizes:
+    """How many values each node holds with every alias expanded, counted once per node. Nesting
+    is bounded too: building a value nested hundreds of levels deep overflows Python's stack."""
+
+    def __init__(self, reader: SpecReader):
+        self.reader = reader
+        self.sizes: dict[int, int] = {}
+        self.open: set[int] = set()
+
+    def of(self, node: Node, key: str, depth: int = 0) -> int:
+        if id(node) in self.sizes:
+            return self.sizes[id(node)]
+        if id(node) in self.open:
+            raise self.reader.fail(node, key, "holds itself through a YAML alias (*name); write the value out")
+        if depth > MAX_NESTING:
+            shown = key if len(key) <= 60 else f"{key[:57]}..."
+            raise self.reader.fail(node, shown, f"nested more than {MAX_NESTING} levels deep; flatten it")
+        self.open.add(id(node))
+        size = 1 + sum(self.of(child, child_key, depth + 1) for child, child_key in _children(node, key))
+        self.open.discard(id(node))
+        self.sizes[id(node)] = size
+        return size
+
+
+def _children(node: Node, key: str) -> list[tuple[Node, str]]:
+    if isinstance(node, SequenceNode):
+        return [(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+    if isinstance(node, MappingNode):
+        return [(part, join(key, str(name.value))) for name, value in node.value for part in (name, value)]
+    return []
+
+
+def _not_finite(value) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, str) and value.strip().lower() in _NOT_FINITE
 
 
 def line_of(node: Node) -> int:

@@ -56,3 +56,12 @@ def prompts_for(spec: SwarmSpec, tokenizer: Tokenizer | None = None,
 
 def load(folder: Path, text: str) -> SwarmSpec:
     return load_spec(write_spec(folder, text))
+
+
+def alias_bomb_tool(levels: int = 9, width: int = 9, key: str = "extra_tools") -> str:
+    """`extra_tools:` (or another `key`) holding one tool whose parameters are a "billion laughs" YAML alias bomb:
+    each anchor lists the previous one `width` times, so 9 short lines stand for 9^9 values."""
+    lines = [f"{key}:", "  - name: laughs", "    parameters:", "      type: object", "      properties:",
+             f"        l0: &l0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"        l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"

@@ -41,7 +41,6 @@ def test_shared_readonly_agents_read_the_source_in_place(tmp_path):
 
 
 def test_shared_readonly_with_run_command_is_refused_with_a_fix(tmp_path):
-    spec = spec_in(tmp_path, **{"mode: copy": "mode: shared-readonly", "harness: tiny-harness.json": "",
-                                "enabled: false": "enabled: true"})
     with pytest.raises(SpecError, match="run_command.enabled: false or workspace.mode: copy"):
-        set_up_agents(spec, tiny_tokenizer(), 2048, tmp_path / "run", lambda event: None)
+        spec_in(tmp_path, **{"mode: copy": "mode: shared-readonly", "harness: tiny-harness.json": "",
+                             "enabled: false": "enabled: true"})

@@ -1,7 +1,11 @@
+import subprocess
+import sys
+
 import pytest
 
 from engine.errors import SpecError
 from swarm.harness import TEMPLATES_DIR, available_harnesses, load_harness, resolve_harness
+from tests.swarm.spec_files import REPO, alias_bomb_tool
 
 
 def test_shipped_harnesses_resolve_by_name():
@@ -43,3 +47,14 @@ def test_malformed_harness_files_name_the_file(tmp_path, text, words):
     with pytest.raises(SpecError, match=words) as caught:
         load_harness(path)
     assert str(caught.value).startswith(str(path))
+
+
+def test_a_yaml_alias_bomb_in_a_harness_is_refused(tmp_path):
+    """In a subprocess, so that a regression, which would expand 9^9 values, cannot hang the suite."""
+    path = tmp_path / "h.yaml"
+    path.write_text("name: h\nrules: []\n" + alias_bomb_tool(key="tools"))
+    code = f"from pathlib import Path; from swarm.harness import load_harness; load_harness(Path({str(path)!r}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"SpecError: {path}:13: tools[0].parameters.properties.l5: expands to more than 100,000 values" \
+        in result.stderr, result.stderr

@@ -4,7 +4,7 @@ import pytest
 
 from engine.errors import SpecError
 from swarm.spec import load_spec
-from tests.swarm.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, load, write_spec
+from tests.swarm.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, alias_bomb_tool, load, write_spec
 
 ONE_LINE = re.compile(r"^(?P<file>\S+):(?P<line>\d+): (?P<key>[^:]+): .+$")
 
@@ -93,3 +93,80 @@ def test_model_path_relative_to_the_spec(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"")
     spec = load(tmp_path, MINIMAL.replace("smollm2-135m-instruct", "m.gguf"))
     assert spec.model == str(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("section, value", [
+    ("sampling:\n  temperature: {}\n", "NaN"), ("sampling:\n  temperature: {}\n", ".nan"),
+    ("sampling:\n  top_p: {}\n", ".NaN"), ("sampling:\n  top_k: {}\n", ".nan"),
+    ("sampling:\n  max_tokens: {}\n", ".inf"), ("limits:\n  max_tokens: {}\n", "-.inf"),
+    ("limits:\n  max_turns: {}\n", "inf"), ("limits:\n  wall_time: {}\n", ".inf"),
+    ("run_command:\n  timeout: {}\n", ".nan"), ("kv_budget: {}\n", ".nan"), ("kv_budget: {}\n", "Infinity"),
+])
+def test_nan_and_infinity_are_not_numbers(tmp_path, section, value):
+    message, line, _, rest = spec_error(tmp_path, MINIMAL + section.format(value))
+    assert line == 4 + section.count("\n") - 1, message
+    assert rest == f"expected a finite number, got {value!r}", message
+
+
+@pytest.mark.parametrize("section, key", [
+    ("sampling:\n  temperature: true\n", "sampling.temperature"), ("limits:\n  wall_time: false\n", "limits.wall_time"),
+    ("limits:\n  max_turns: true\n", "limits.max_turns"), ("kv_budget: true\n", "kv_budget"),
+])
+def test_booleans_are_not_numbers(tmp_path, section, key):
+    message, _, found_key, rest = spec_error(tmp_path, MINIMAL + section)
+    assert found_key == key and rest.startswith("expected ") and "got a boolean" in rest, message
+
+
+def test_a_missing_workspace_is_named_with_its_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for text, key, words in [("workspace: {path: nowhere}\n", "workspace.path", "no folder"),
+                             ("workspace: nowhere\n", "workspace", "no folder"),
+                             ("workspace:\n  path: a-file\n", "workspace.path", "is a file, not a folder")]:
+        message, line, found_key, rest = spec_error(tmp_path, MINIMAL + text)
+        assert (line, found_key) == (3 + text.count("\n"), key), message
+        assert words in rest and str(tmp_path) in rest, message
+
+
+@pytest.mark.parametrize("tools, line, key, words", [
+    ("  - {name: read_file}\n", 5, "extra_tools[0]", "the harness already has a tool named 'read_file'"),
+    ("  - {name: open_ticket}\n  - {name: close_ticket}\n  - {name: open_ticket}\n", 7, "extra_tools[2]",
+     "extra_tools[0] is already named 'open_ticket'; tool names must differ"),
+])
+def test_duplicate_tool_names_are_spec_errors(tmp_path, tools, line, key, words):
+    message, found_line, found_key, rest = spec_error(tmp_path, MINIMAL + "extra_tools:\n" + tools)
+    assert (found_line, found_key) == (line, key) and words in rest, message
+
+
+def test_shared_readonly_refuses_the_run_command_tool(tmp_path):
+    shared = MINIMAL + "workspace:\n  path: .\n  mode: shared-readonly\n"
+    message, line, key, rest = spec_error(tmp_path, shared + "run_command: {enabled: true}\n")
+    assert (line, key) == (6, "workspace.mode") and "run_command.enabled: false" in rest, message
+    assert load(tmp_path, shared + "run_command: {enabled: false}\n").workspace.mode == "shared-readonly"
+    reviewer = load(tmp_path, shared + "harness: reviewer\nrun_command: {enabled: true}\n")  # has no run_command
+    assert reviewer.run_command.enabled
+
+
+def test_out_naming_a_file_is_a_spec_error(tmp_path):
+    (tmp_path / "taken").write_text("")
+    for out in ("taken", "taken/runs"):
+        message, line, key, rest = spec_error(tmp_path, MINIMAL + f"out: {out}\n")
+        assert (line, key) == (4, "out") and f"{tmp_path / 'taken'} is a file" in rest, message
+
+
+@pytest.mark.parametrize("key", ["harness", "out"])
+def test_a_mapping_where_a_name_belongs_is_refused_not_taken_for_the_default(tmp_path, key):
+    message, line, found_key, rest = spec_error(tmp_path, MINIMAL + f"{key}: {{name: x}}\n")
+    assert (line, found_key, rest) == (4, key, "expected a string, got a mapping"), message
+
+
+def test_aliases_that_stay_small_still_load(tmp_path):
+    """A real bomb is refused in test_run_cmd.py, in a subprocess that a regression cannot hang."""
+    spec = load(tmp_path, MINIMAL + alias_bomb_tool(levels=3, width=3))
+    assert spec.extra_tools[0]["function"]["parameters"]["properties"]["l2"] == [[["lol"] * 3] * 3] * 3
+
+
+def test_an_alias_to_itself_and_deep_nesting_are_refused(tmp_path):
+    message, line, key, rest = spec_error(tmp_path, MINIMAL + "extra_tools:\n  - &me {name: me, parameters: *me}\n")
+    assert (line, key) == (5, "extra_tools[0].parameters") and "holds itself" in rest, message
+    message, line, key, rest = spec_error(tmp_path, MINIMAL + "extra_rules: " + "[" * 200 + "]" * 200 + "\n")
+    assert line == 4 and "nested more than 64 levels deep" in rest, message

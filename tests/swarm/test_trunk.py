@@ -122,9 +122,8 @@ def test_disabled_run_command_leaves_the_tool_out(tmp_path):
 
 
 def test_an_extra_tool_named_like_a_harness_tool_is_a_spec_error(tmp_path):
-    spec = load(tmp_path, MINIMAL + "extra_tools:\n  - {name: read_file, parameters: {type: object}}\n")
     with pytest.raises(SpecError, match=r"swarm.yaml:5: extra_tools\[0\]: the harness already has"):
-        prompts_for(spec)
+        load(tmp_path, MINIMAL + "extra_tools:\n  - {name: read_file, parameters: {type: object}}\n")
 
 
 def test_per_agent_variables_shrink_the_shared_trunk(tmp_path):
