@@ -94,8 +94,8 @@ class Agent(AgentProgress):
         self._event("assistant", turn=self.turn, content=text, tokens=seq.num_output_tokens,
                     finish_reason=seq.finish_reason, context_tokens=self.context_tokens)
         parsed = parse_tool_calls(text)
-        reason = self.limit_reason(parsed, self.limits.max_turns, self.limits.max_tokens)
-        if reason is None and len(seq) >= self.limits.max_context - 1:
+        reason = self.limit_reason(parsed, self.limits.max_turns, self.limits.max_tokens, self._cut_reason(seq))
+        if reason is None and self._context_is_full(seq):
             reason = "context_full"
         if reason is not None:
             return self._end(engine, AgentState.DONE, reason)
@@ -125,9 +125,7 @@ class Agent(AgentProgress):
             return
         seq = self.seq
         if seq is not None and self.state is AgentState.DECODING and seq.num_output_tokens:
-            self._event("assistant", turn=self.turn + 1, content=engine.tokenizer.decode(seq.output_token_ids),
-                        tokens=seq.num_output_tokens, finish_reason=reason, partial=True,
-                        context_tokens=self.context_tokens)
+            self.record_partial_turn(engine.tokenizer.decode(seq.output_token_ids), seq.num_output_tokens, reason)
         state = AgentState.INTERRUPTED if reason == "interrupted" else AgentState.DONE
         self._end(engine, state, reason)
 
@@ -144,6 +142,14 @@ class Agent(AgentProgress):
         return len(self.seq) if self.seq is not None else len(self.prompt_ids)
 
     # --- inside -----------------------------------------------------------------------------
+
+    def _cut_reason(self, seq: Sequence) -> str | None:
+        if seq.finish_reason == "length" and self._context_is_full(seq):
+            return "context_full"
+        return self.cut_reason(seq.finish_reason, self.limits.max_tokens)
+
+    def _context_is_full(self, seq: Sequence) -> bool:
+        return len(seq) >= self.limits.max_context - 1
 
     def _turn_params(self, context: int) -> SamplingParams:
         room = min(self.limits.max_context - context, self.limits.max_tokens - self.generated_tokens)

@@ -104,15 +104,30 @@ class AgentProgress:
             return 0.0
         return (self.ended_at or self.clock()) - self.started_at
 
-    def limit_reason(self, parsed: ParseResult, max_turns: int, max_tokens: int) -> str | None:
-        """Why the agent ends after this turn, or None when it goes on to run the calls."""
+    def limit_reason(self, parsed: ParseResult, max_turns: int, max_tokens: int, cut: str | None = None) -> str | None:
+        """Why the agent ends after this turn, or None when it goes on to run the calls.
+        `cut`: the limit that cut the turn short (see `cut_reason`); a turn without calls is a
+        final answer only when the model itself stopped."""
         if not parsed.calls and not parsed.errors:
-            return "final_answer"
+            return cut or "final_answer"
         if self.turn >= max_turns:
             return "max_turns"
         if self.generated_tokens >= max_tokens:
             return "max_tokens"
         return None
+
+    def cut_reason(self, finish_reason: str | None, max_tokens: int) -> str | None:
+        """What cut a turn that finished with `length`: the agent's token limit (`max_tokens`),
+        else the turn's own, sampling.max_tokens (`length`); None when the model stopped."""
+        if finish_reason != "length":
+            return None
+        return "max_tokens" if self.generated_tokens >= max_tokens else "length"
+
+    def record_partial_turn(self, content: str, tokens: int, reason: str) -> None:
+        """The turn the run stopped (wall time, a signal): it counts, marked `partial`."""
+        self.turn += 1
+        self._event("assistant", turn=self.turn, content=content, tokens=tokens, finish_reason=reason,
+                    partial=True, context_tokens=self.context_tokens)
 
     def announce_calls(self, parsed: ParseResult) -> None:
         for call in parsed.calls:

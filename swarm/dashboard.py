@@ -11,6 +11,10 @@
      documenter  decoding     1    1,458  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
      reviewer-1  decoding     1    1,468  31.33 MB  2.58 MB    8.4  -          ██████████████████████▒▒
 
+Once an agent ends, its state says why (`done (final_answer)`, `done (wall_time)`), and its
+shared and private columns show the most KV it held: its blocks are given back by then, so the
+final frame would otherwise read zero.
+
 On a remote server (`RemoteDashboard`) the header shows the server and its KV figures from its
 /metrics ("unavailable" where it has none); each agent row shows the prompt tokens the server
 found cached, in all and on the last turn, and the per-agent shared/private bytes, which only
@@ -31,14 +35,16 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.agent import Agent, AgentEvent, AgentState
+from swarm.agent_progress import AgentProgress
 from swarm.kv_budget import format_bytes
 from swarm.remote_agent import RemoteAgent
 from swarm.remote_metrics import ServerMemory
 from swarm.run_view import describe_agents_cache, describe_server_cache, describe_server_kv
 from swarm.summary import RunInfo
-from swarm.swarm_memory import SwarmMemory
+from swarm.swarm_memory import AgentMemory, SwarmMemory
 
 REFRESH_PER_SECOND = 4
+ENDED_CAPTION = "An agent that has ended shows the most KV memory it held."
 BAR_WIDTH = 24
 STATE_STYLES = {AgentState.QUEUED: "dim", AgentState.PREFILL: "cyan", AgentState.DECODING: "green",
                 AgentState.TOOL: "yellow", AgentState.DONE: "bold blue", AgentState.ERROR: "bold red",
@@ -142,12 +148,11 @@ def remote_agent_table(agents: list[RemoteAgent]) -> Table:
     now = time.monotonic()
     scale = max([agent.last_prompt_tokens or 0 for agent in agents] + [1])
     for agent in agents:
-        state = agent.display_state
         turn = agent.turn if agent.ended else agent.turn + 1
         rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
         cached, prompt = agent.last_cached_tokens, agent.last_prompt_tokens
         context = f"{agent.context_tokens:,}" if prompt is not None else "-"  # the server has not counted it yet
-        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(turn),
+        table.add_row(agent.name, state_text(agent), str(turn),
                       context, _cached_total(agent), _last_turn(cached, prompt), "n/a", "n/a",
                       rate, agent.last_tool or "-", memory_bar(cached or 0, (prompt or 0) - (cached or 0), scale))
     return table
@@ -192,22 +197,39 @@ def pool_label(device: str) -> str:
 
 
 def agent_table(agents: list[Agent], memory: SwarmMemory) -> Table:
-    table = Table(box=None, padding=(0, 1), header_style="bold")
+    caption = ENDED_CAPTION if any(agent.ended for agent in agents) else None
+    table = Table(box=None, padding=(0, 1), header_style="bold", caption=caption, caption_justify="left")
     for column, justify in (("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"),
                             ("shared", "right"), ("private", "right"), ("tok/s", "right"),
                             ("last tool", "left"), ("shared | private", "left")):
         table.add_column(column, justify=justify, no_wrap=True)
     now = time.monotonic()
-    scale = max([m.shared_bytes + m.private_bytes for m in memory.agents.values()] + [1])
+    shown = {agent.name: shown_bytes(agent, memory.agents[agent.name]) for agent in agents}
+    scale = max([shared + private for shared, private in shown.values()] + [1])
     for agent in agents:
-        kv = memory.agents[agent.name]
-        state = agent.display_state
+        shared, private = shown[agent.name]
         turn = agent.turn if agent.ended else agent.turn + 1
         rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
-        table.add_row(agent.name, Text(state.value, style=STATE_STYLES[state]), str(turn),
-                      f"{agent.context_tokens:,}", format_bytes(kv.shared_bytes), format_bytes(kv.private_bytes),
-                      rate, agent.last_tool or "-", memory_bar(kv.shared_bytes, kv.private_bytes, scale))
+        table.add_row(agent.name, state_text(agent), str(turn), f"{agent.context_tokens:,}", format_bytes(shared),
+                      format_bytes(private), rate, agent.last_tool or "-", memory_bar(shared, private, scale))
     return table
+
+
+def shown_bytes(agent: Agent, kv: AgentMemory) -> tuple[int, int]:
+    """The shared and private KV bytes of an agent's row: an ended agent has given its blocks
+    back, so it shows the most it held."""
+    if agent.ended:
+        return kv.peak_shared_bytes, kv.peak_private_bytes
+    return kv.shared_bytes, kv.private_bytes
+
+
+def state_text(agent: AgentProgress) -> Text:
+    """The agent's state, and once it has ended, why: "done (wall_time)"."""
+    state = agent.display_state
+    label = state.value
+    if agent.ended and agent.end_reason and agent.end_reason != label:
+        label = f"{label} ({agent.end_reason})"
+    return Text(label, style=STATE_STYLES[state])
 
 
 def memory_bar(shared: int, private: int, scale: int, width: int = BAR_WIDTH) -> Text:

@@ -19,8 +19,10 @@ from typing import Callable
 from engine.errors import SwarmError
 from engine.llm_engine import EngineOptions, LLMEngine, StepResult
 from engine.sampling import SamplingParams
-from swarm.agent import Agent, AgentEvent, ToolJob
+from swarm.agent import Agent, AgentEvent, AgentState, ToolJob
+from swarm.agent_progress import AgentProgress
 from swarm.agent_setup import SwarmSetup, first_messages, set_up_agents
+from swarm.command_runner import kill_running_commands
 from swarm.run_view import RunView
 from swarm.spec import SwarmSpec
 from swarm.stop_flag import StopFlag
@@ -38,8 +40,8 @@ class Interrupted(Exception):
 
 
 def run_phases(phases: list[Callable[[], None]], finish: Callable[[str, str], None], stop: StopFlag) -> None:
-    """Runs the phases in order, then always `finish(status, error)`, shielded from Ctrl-C:
-    completed, interrupted (Ctrl-C), or failed (the error is re-raised after finishing)."""
+    """Runs the phases in order, then always `finish(status, error)`, shielded from signals:
+    completed, interrupted (Ctrl-C, SIGTERM), or failed (the error is re-raised after finishing)."""
     status, error = "failed", ""
     try:
         for phase in phases:
@@ -55,7 +57,16 @@ def run_phases(phases: list[Callable[[], None]], finish: Callable[[str, str], No
         raise
     finally:
         with stop.shielded():
+            kill_running_commands()  # the calls in flight return as stopped; nothing they started is left
             finish(status, error)
+
+
+def run_status(status: str, agents: list[AgentProgress]) -> str:
+    """The run's status for the summary: `completed` says every agent finished on its own, so a
+    run whose agents `wall_time` cut short says `wall_time` instead."""
+    if status == "completed" and any(agent.end_reason == "wall_time" for agent in agents):
+        return "wall_time"
+    return status
 
 
 class SwarmRun:
@@ -81,7 +92,7 @@ class SwarmRun:
         self.summary: dict = {}
 
     def run(self) -> dict:
-        """Runs to the end or to Ctrl-C; the summary is written either way and returned."""
+        """Runs to the end, the wall time or a signal; the summary is written either way and returned."""
         self._write_summary("running")
         run_phases([self._load, self._set_up, self._prefill_trunk, self._run_agents], self._finish, self.stop)
         return self.summary
@@ -142,6 +153,7 @@ class SwarmRun:
             self._check_stop()
             self._resume_agents()
             if self.clock() > deadline:
+                self._sample_memory()  # before the agents give their KV back: the peaks are here
                 self._stop_agents("wall_time")
                 break
             if self.engine.has_work():
@@ -153,10 +165,9 @@ class SwarmRun:
 
     def _finish(self, status: str, error: str) -> None:
         if self.engine is not None and self.setup is not None:
-            self._sample_memory()
-            self._stop_agents("interrupted" if status == "interrupted" else "error")
+            self._settle_agents("interrupted" if status == "interrupted" else "error")
         self.timings.wall_seconds = self.clock() - self.start_time
-        self.summary = self._write_summary(status, error)
+        self.summary = self._write_summary(run_status(status, self.agents), error)
         self.transcripts.close()
         self.view.close(self.summary)
 
@@ -210,13 +221,23 @@ class SwarmRun:
             return
         agent.resume(self.engine, job)
 
+    def _settle_agents(self, reason: str) -> None:
+        """Ends every agent still running. A second signal may have cut a step in half: even then
+        the summary and every transcript's `end` event get written."""
+        try:
+            self._sample_memory()
+        except Exception as err:
+            self.view.note(f"the KV figures could not be read at the end: {type(err).__name__}: {err}")
+        self._stop_agents(reason)
+
     def _stop_agents(self, reason: str) -> None:
         for agent in self.agents:
             if not agent.ended:
                 try:
                     agent.stop(self.engine, reason)
-                except Exception as err:  # a half-finished step must not cost the summary
-                    agent.error = f"stopping failed: {err}"
+                except Exception as err:  # a half-finished step must not cost the transcript its end
+                    if not agent.ended:
+                        agent.record_end(AgentState.ERROR, reason, f"stopping failed: {type(err).__name__}: {err}")
 
     def _refresh(self) -> None:
         now = self.clock()

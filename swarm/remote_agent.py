@@ -81,8 +81,7 @@ class RemoteAgent(AgentProgress):
             return
         reply = self.reply
         if reply is not None and self.state is AgentState.DECODING and reply.pieces:
-            self._event("assistant", turn=self.turn + 1, content=reply.content, tokens=reply.pieces,
-                        finish_reason=reason, partial=True, context_tokens=self.context_tokens)
+            self.record_partial_turn(reply.content, reply.pieces, reason)
         self.record_end(AgentState.INTERRUPTED if reason == "interrupted" else AgentState.DONE, reason)
 
     # --- what the dashboard and the summary read --------------------------------------------
@@ -138,7 +137,8 @@ class RemoteAgent(AgentProgress):
                     prompt_tokens=reply.prompt_tokens, cached_tokens=reply.cached_tokens,
                     **({"tool_calls": reply.message()["tool_calls"]} if reply.tool_calls else {}))
         parsed, call_ids = self._parse_calls(reply)
-        reason = self.limit_reason(parsed, self.limits.max_turns, self.limits.max_tokens)
+        reason = self.limit_reason(parsed, self.limits.max_turns, self.limits.max_tokens,
+                                   self.cut_reason(reply.finish_reason, self.limits.max_tokens))
         if reason is not None:
             self.record_end(AgentState.DONE, reason)
             return None, []

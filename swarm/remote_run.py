@@ -1,7 +1,7 @@
 """One swarm run on a remote OpenAI-compatible server (vLLM, SGLang, `swarm serve`).
 
     check the server and its model -> set up workspaces and agents -> run every agent as a task
-    loop (4 times a second): Ctrl-C? wall time? -> refresh the view
+    loop (4 times a second): Ctrl-C or SIGTERM? wall time? -> refresh the view
     beside it: read the server's /metrics once a second
 
 Every agent is an asyncio task holding one streamed request at a time; tools run in threads.
@@ -22,7 +22,7 @@ import httpx
 from swarm.agent_context import first_user_message
 from swarm.agent_progress import AgentEvent
 from swarm.agent_setup import SwarmGround, prepare_ground, sampling_params
-from swarm.orchestrator import Interrupted, run_phases
+from swarm.orchestrator import Interrupted, run_phases, run_status
 from swarm.remote_agent import RemoteAgent
 from swarm.remote_client import ChatClient
 from swarm.remote_metrics import ServerMemory, scrape
@@ -57,7 +57,7 @@ class RemoteSwarmRun:
         self.summary: dict = {}
 
     def run(self) -> dict:
-        """Runs to the end or to Ctrl-C; the summary is written either way and returned."""
+        """Runs to the end, the wall time or a signal; the summary is written either way and returned."""
         self._write_summary("running")
         run_phases([lambda: asyncio.run(self._main())], self._finish, self.stop)
         return self.summary
@@ -129,7 +129,7 @@ class RemoteSwarmRun:
         for agent in self.agents:  # only those whose task never ran: the others ended themselves
             agent.stop("interrupted" if status == "interrupted" else "error")
         self.timings.wall_seconds = self.clock() - self.start_time
-        self.summary = self._write_summary(status, error)
+        self.summary = self._write_summary(run_status(status, self.agents), error)
         self.transcripts.close()
         self.view.close(self.summary)
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from engine.errors import SpecError, SwarmError
 from swarm.dashboard import Dashboard, RemoteDashboard
 from swarm.orchestrator import SwarmRun
 from swarm.remote_run import RemoteSwarmRun
 from swarm.run_view import PlainView, RemotePlainView, RunView
-from swarm.spec import load_spec
+from swarm.spec import SwarmSpec, load_spec
 from swarm.stop_flag import StopFlag
-
-EXIT_INTERRUPTED = 130
+from swarm.trunk_fit import check_trunk_fits
 
 
 def run(
@@ -36,10 +36,12 @@ def run(
 
     Each run writes OUT/<spec>-<time>/: agent-<name>.jsonl (every message, tool call, tool result and token count, as it happens), workspaces/<name>/ (each agent's copy of the project) and summary.json (status, end reasons, turns, tokens, timings and KV memory figures).
 
-    Ctrl-C stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130. A second Ctrl-C stops at once.
+    Ctrl-C, or SIGTERM (docker stop, systemd, a CI timeout), stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130 (Ctrl-C) or 143 (SIGTERM). A second signal stops at once. When limits.wall_time cuts agents short, summary.json says "wall_time".
     """
     swarm_spec = load_spec(spec)
-    run_dir = new_run_dir(out if out is not None else swarm_spec.out, spec)
+    base = out_folder(swarm_spec, out)
+    check_trunk_fits(swarm_spec, base)
+    run_dir = new_run_dir(base, spec)
     stream = sys.stderr if as_json else sys.stdout
     remote = swarm_spec.backend.is_remote
     view = make_view(stream, tui=not no_tui and stream.isatty(), remote=remote)
@@ -50,7 +52,7 @@ def run(
     if as_json:
         print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
     if summary["status"] == "interrupted":
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(stop.exit_code)
 
 
 def make_view(stream, tui: bool, remote: bool = False) -> RunView:
@@ -59,9 +61,41 @@ def make_view(stream, tui: bool, remote: bool = False) -> RunView:
     return RemotePlainView(stream) if remote else PlainView(stream)
 
 
+def out_folder(spec: SwarmSpec, option: Path | None) -> Path:
+    """The folder runs go under: --out, else the spec's `out` (load_spec checked it is no file)."""
+    if option is None:
+        problem = _inside_copied_workspace(spec, spec.out)
+        if problem:
+            line = spec.lines.get("out", spec.lines.get("workspace", (1, 1)))[0]
+            raise SpecError(f"{spec.path}:{line}: out: {problem}")
+        return spec.out
+    base = option.resolve()
+    if any(path.exists() and not path.is_dir() for path in (base, *base.parents)):
+        raise typer.BadParameter(f"{option} is a file or lies under one; name a folder", param_hint="'--out'")
+    problem = _inside_copied_workspace(spec, base)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="'--out'")
+    return base
+
+
+def _inside_copied_workspace(spec: SwarmSpec, base: Path) -> str | None:
+    workspace = spec.workspace
+    if workspace.mode != "copy" or not base.resolve().is_relative_to(workspace.path.resolve()):
+        return None
+    return (f"{base} lies inside the workspace {workspace.path}, which every agent gets a copy of; "
+            "put the runs outside it, or use workspace.mode: shared-readonly")
+
+
 def new_run_dir(base: Path, spec_path: Path) -> Path:
     """A fresh folder `<base>/<spec stem>-<YYYYmmdd-HHMMSS>`, with -2, -3... when taken."""
     stem = f"{Path(spec_path).stem.removesuffix('.yaml')}-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        return _first_free_folder(base, stem)
+    except OSError as err:
+        raise SwarmError(f"cannot make a run folder under {base}: {err.strerror}; give another out: or --out") from None
+
+
+def _first_free_folder(base: Path, stem: str) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, 1000):
         path = base / (stem if attempt == 1 else f"{stem}-{attempt}")

@@ -1,9 +1,15 @@
 """`<run>/summary.json`: how the run went, per agent and for the KV memory, written atomically
 (a temporary file renamed over the old one) so a reader never sees half of it.
 
-    {"status": "completed" | "interrupted" | "failed", "run": ..., "model": ..., "device": ...,
-     "timings": {...}, "tokens": {...}, "memory": {see swarm/swarm_memory.py},
+    {"status": "completed" | "wall_time" | "interrupted" | "failed", "run": ..., "model": ...,
+     "device": ..., "timings": {...}, "tokens": {...}, "memory": {see swarm/swarm_memory.py},
      "agents": [{"name", "status", "end_reason", "turns", "generated_tokens", ...}]}
+
+The status is "running" while the run goes; "wall_time" when limits.wall_time cut agents short.
+An agent's end_reason: final_answer (a turn without a tool call), length (a turn cut at
+sampling.max_tokens, with no call in it), max_turns, max_tokens (limits.max_tokens),
+context_full, wall_time, interrupted (Ctrl-C, SIGTERM) or error. A turn the run cut short
+counts in "turns"; its transcript event is marked "partial".
 
 A run on a remote server (swarm/remote_run.py) adds "backend" and cached-token figures, and its
 "memory" comes from the server's /metrics (swarm/remote_metrics.py), null where it has none.

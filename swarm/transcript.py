@@ -5,9 +5,10 @@ so a run that is killed leaves every transcript complete up to its last event.
 
 `t` is seconds since the run started. Events: message (the system and first user message, with
 their token counts), prefilled (context_tokens), assistant (each turn's text, tokens and
-finish_reason; `partial` when the run stopped it), tool_call, tool_error (a malformed call, with
-the message the agent got), tool_result (output, ok, and appended_tokens: what the turn's
-results added to the context), end (status, reason, turns, token counts, seconds).
+finish_reason; `partial` when the run stopped it, with the reason as its finish_reason),
+tool_call, tool_error (a malformed call, with the message the agent got), tool_result (output,
+ok, and appended_tokens: what the turn's results added to the context), end (status, reason,
+turns, a partial turn included, token counts, seconds). The reasons are listed in summary.py.
 """
 from __future__ import annotations
 

@@ -3,11 +3,11 @@ sampler that makes the real engine "generate" scripted text."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -78,19 +78,26 @@ def write_run_spec(folder: Path, model: Path, agents: int | list[dict] = 3, max_
     return spec
 
 
-def interrupt_once_decoding(args: list[str], env: dict, agents: int = 2) -> tuple[int, str, str]:
-    """Start `python ARGS`, send SIGINT once `agents` agents have prefilled (are decoding), and
-    return its exit code, stdout and stderr."""
+PREFILLED_LINE = re.compile(r"^\[[ 0-9.]+s\] \S+ +prefilled ")
+"""The plain view's line for an agent's prefilled event (not the note "trunk prefilled")."""
+
+
+def interrupt_once_decoding(args: list[str], env: dict, agents: int = 2,
+                            sig: signal.Signals = signal.SIGINT) -> tuple[int, str, str]:
+    """Start `python ARGS`, send `sig` once `agents` agents have prefilled (have their first
+    token: they are decoding), and return its exit code, stdout and stderr."""
     process = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     decoding = 0
     for line in process.stdout:
-        decoding += "prefilled" in line
+        decoding += bool(PREFILLED_LINE.match(line))
         if decoding == agents:
             break
-    time.sleep(0.3)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    process.send_signal(sig)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
     return process.returncode, stdout, stderr
 
 

@@ -152,6 +152,29 @@ def test_token_limit_ends_the_agent_and_caps_each_turn(workspace):
     assert agent.end_reason == "max_tokens"
 
 
+def test_a_turn_cut_at_sampling_max_tokens_is_not_a_final_answer(workspace):
+    engine, events = FakeEngine(), []
+    agent = make_agent(workspace, events)
+    agent.start(engine)
+    assert engine.generate(agent, "I will start by reading", eos=False, reason="length") is None
+    assert agent.state is AgentState.DONE and agent.end_reason == "length" and agent.turn == 1
+    assert events[-1].data["reason"] == "length"
+
+
+def test_a_turn_cut_by_the_agents_token_limit_or_the_context_says_which(workspace):
+    engine, events = FakeEngine(), []
+    agent = make_agent(workspace, events, max_tokens=5)
+    agent.start(engine)
+    engine.generate(agent, "x" * 40, eos=False, reason="length")
+    assert agent.end_reason == "max_tokens"
+
+    agent = make_agent(workspace, events, max_context=50)  # the prompt is 22 tokens
+    agent.start(engine)
+    assert agent.seq.params.max_tokens == 28
+    engine.generate(agent, "x" * 28, eos=False, reason="length")
+    assert agent.end_reason == "context_full"
+
+
 def test_context_full_ends_the_agent_before_appending(workspace):
     engine, events = FakeEngine(), []
     agent = make_agent(workspace, events, max_context=120)
@@ -172,6 +195,19 @@ def test_stop_keeps_the_partial_turn_in_the_transcript(workspace):
     partial, end = events[-2], events[-1]
     assert partial.kind == "assistant" and partial.data["partial"] and partial.data["content"] == "I will read"
     assert end.kind == "end" and end.data["reason"] == "interrupted"
+    assert agent.turn == partial.data["turn"] == end.data["turns"] == 1  # the cut turn counts
+
+
+def test_wall_time_ends_the_agent_mid_turn_and_counts_that_turn(workspace):
+    engine, events = FakeEngine(), []
+    agent = make_agent(workspace, events)
+    agent.start(engine)
+    agent.resume(engine, engine.generate(agent, READ_README, eos=False).run(agent.toolbox))
+    agent.on_prefilled()
+    agent.seq.token_ids += engine.tokenizer.encode("The README")
+    agent.stop(engine, "wall_time")
+    assert (agent.state, agent.end_reason, agent.turn) == (AgentState.DONE, "wall_time", 2)
+    assert events[-2].data["turn"] == 2 and events[-2].data["finish_reason"] == "wall_time"
 
 
 def test_results_arriving_after_the_agent_ended_are_dropped(workspace):

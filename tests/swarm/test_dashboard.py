@@ -1,15 +1,21 @@
+import io
 import re
 import sys
+import time
 
 import pexpect
 import pytest
 from rich.console import Console
 
-from swarm.agent import Agent, AgentLimits, AgentState
+from engine.llm_engine import EngineOptions, LLMEngine
+from swarm.agent import Agent, AgentLimits, AgentState, ToolJob
 from swarm.dashboard import Dashboard, memory_bar, pool_label
+from swarm.kv_budget import format_bytes
+from swarm.orchestrator import SwarmRun
+from swarm.spec import load_spec
 from swarm.summary import RunInfo
 from swarm.swarm_memory import MemorySnapshot, SwarmMemory
-from tests.swarm.run_helpers import REPO, tiny_model, write_run_spec
+from tests.swarm.run_helpers import REPO, ScriptedSampler, tiny_model, write_run_spec
 from tests.swarm.test_run_cmd import ENV
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -29,7 +35,10 @@ def test_swarm_run_in_a_terminal_shows_the_live_table_with_a_row_per_agent(tmp_p
     assert header.split()[:3] == ["agent", "state", "turn"]
     rows = [line.split() for line in screen.splitlines() if line.strip().startswith(("alpha ", "beta "))]
     assert {row[0] for row in rows} == {"alpha", "beta"}
-    assert {"alpha", "beta"} <= {row[0] for row in rows if row[1] == "done"}  # the last frame
+    last_frame = [row for row in rows if row[1] == "done"]
+    assert {"alpha", "beta"} <= {row[0] for row in last_frame}
+    for row in last_frame:  # why it ended, and the KV it held rather than the zero it holds now
+        assert row[2].startswith("(") and row[2].endswith(")") and "0 B" not in " ".join(row), row
     assert "completed" in screen
 
 
@@ -73,3 +82,50 @@ def test_memory_bar_splits_shared_and_private_to_scale():
 def test_pool_label_says_where_the_kv_pool_lives():
     assert pool_label("cpu") == "KV pool (host memory)"
     assert pool_label("cuda:0") == "KV pool (GPU memory)"
+
+
+def test_the_final_frame_shows_each_agents_end_reason_and_peak_memory(tmp_path, tmp_path_factory):
+    """A real run on the tiny model: one agent gives its final answer; the other's tool call is
+    still running when the wall time is up (the run's clock jumps an hour ahead once the first
+    agent has ended), so the run stops it."""
+    scripts = {"done": ["Nothing to do."],
+               "slow": ['<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>']}
+    model = tiny_model(tmp_path_factory.getbasetemp())
+    spec = load_spec(write_run_spec(tmp_path, model, agents=[{"name": name} for name in scripts]))
+    engine = LLMEngine(str(model), EngineOptions(device="cpu", dtype="float32", kv_budget_tokens=16000))
+    engine.sampler = ScriptedSampler(engine, scripts)
+    (tmp_path / "run").mkdir()
+    dashboard = Dashboard(Console(file=io.StringIO(), width=200))
+    run = SwarmRun(spec, tmp_path / "run", dashboard, engine=engine)
+    late = []
+    run.clock = lambda: time.monotonic() + (3600 if late else 0)
+
+    def tool_outlasting_the_wall_time(job, toolbox):
+        wait_until(lambda: run.agents[0].ended)
+        late.append(True)
+        return job
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ToolJob, "run", tool_outlasting_the_wall_time)
+        summary = run.run()
+    assert summary["status"] == "wall_time"
+    console = Console(record=True, width=200)
+    console.print(dashboard.render())
+    text = console.export_text()
+    for agent, reason in (("done", "final_answer"), ("slow", "wall_time")):
+        figures = next(a for a in summary["agents"] if a["name"] == agent)
+        assert figures["end_reason"] == reason and figures["turns"] == 1
+        assert figures["shared_bytes"] > 0 and figures["peak_private_bytes"] > 0
+        assert dashboard.memory.agents[agent].private_bytes == 0  # its blocks are given back
+        row = next(line for line in text.splitlines() if line.strip().startswith(f"{agent} "))
+        shared, private = format_bytes(figures["shared_bytes"]), format_bytes(figures["peak_private_bytes"])
+        assert row.split()[1:3] == ["done", f"({reason})"], row
+        assert re.search(rf"  {re.escape(shared)} +{re.escape(private)}  ", row), row
+    assert "An agent that has ended shows the most KV memory it held." in text
+
+
+def wait_until(condition, timeout: float = 60.0) -> None:
+    """A hang guard, not a measure: the condition comes true in milliseconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.01)

@@ -1,6 +1,7 @@
 """A whole run in process, on the real engine with a tiny random model. A scripted sampler makes
 the agents call tools, so the turns, the appended tool results and the KV sharing are real."""
 import math
+import threading
 import time
 
 import pytest
@@ -8,11 +9,14 @@ import torch
 
 from engine.llm_engine import EngineOptions, LLMEngine
 from swarm.agent import ToolJob
-from swarm.orchestrator import SwarmRun
+from swarm.command_runner import run_supervised
+from swarm.orchestrator import SwarmRun, run_phases
 from swarm.run_view import PlainView
 from swarm.spec import load_spec
+from swarm.stop_flag import StopFlag
 from swarm.swarm_memory import TRUNK_REQUEST_ID, SwarmMemory
 from swarm.transcript import read_transcript
+from tests.swarm.process_helpers import is_running, wait_for_pids
 from tests.swarm.run_helpers import ScriptedSampler, tiny_model, write_run_spec
 
 SCRIPTS = {
@@ -174,3 +178,21 @@ def test_trunk_is_computed_once(scripted_run):
     contexts = sum(a["context_tokens"] for a in summary["agents"])
     # every token computed once, except each agent's copy of the trunk's partly filled last block
     assert last_stats.tokens_computed <= trunk_tokens + contexts - 3 * (trunk_tokens // 16 * 16)
+
+
+def test_the_runs_end_stops_the_commands_its_tools_still_run_before_it_finishes(tmp_path):
+    results = []
+    call = threading.Thread(target=lambda: results.append(run_supervised(
+        "sleep 300 & echo $! > pids; sleep 301", tmp_path, timeout=120)))
+    call.start()
+    pids = wait_for_pids(tmp_path / "pids")
+    finished = []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    run_phases([interrupted], lambda status, error: finished.append((status, [is_running(p) for p in pids])),
+               StopFlag())
+    call.join(30)
+    assert finished == [("interrupted", [False])]
+    assert not call.is_alive() and results[0].ending == "stopped"

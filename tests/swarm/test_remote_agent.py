@@ -44,7 +44,7 @@ class ScriptedServer:
             reply.add_delta(SimpleNamespace(content=None, tool_calls=[call]))
             on_pieces(1)
         reply.content = reply.content.strip()
-        reply.finish_reason = "tool_calls" if turn.get("calls") else "stop"
+        reply.finish_reason = turn.get("finish_reason") or ("tool_calls" if turn.get("calls") else "stop")
         prompt, completion, cached = turn.get("usage", (100, reply.pieces, 80))
         reply.add_usage(SimpleNamespace(prompt_tokens=prompt, completion_tokens=completion,
                                         prompt_tokens_details=SimpleNamespace(cached_tokens=cached)))
@@ -136,6 +136,16 @@ def test_limits_end_the_agent_and_each_turn_asks_for_what_is_left(workspace):
     assert all(r["params"].stop == [] for r in server.requests)
 
 
+def test_a_reply_cut_at_max_tokens_is_not_a_final_answer(workspace):
+    agent = make_agent(workspace, [])
+    run(agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length"}]))
+    assert agent.state is AgentState.DONE and agent.end_reason == "length" and agent.turn == 1
+
+    agent = make_agent(workspace, [], max_tokens=50)
+    run(agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length", "usage": (100, 50, 0)}]))
+    assert agent.end_reason == "max_tokens"
+
+
 def test_server_errors_end_the_agent(workspace):
     agent = make_agent(workspace, [])
     run(agent, ScriptedServer([RemoteError("http://x/v1 failed the request (500: boom)")]))
@@ -169,4 +179,5 @@ def test_cancelling_mid_turn_keeps_the_partial_reply(workspace, reason, state):
     partial = [e for e in events if e.kind == "assistant"][-1]
     assert partial.data["partial"] and partial.data["tokens"] >= 3 and partial.data["content"].startswith("a b c")
     assert agent.state is state and agent.end_reason == (reason or "interrupted")
+    assert agent.turn == partial.data["turn"] == events[-1].data["turns"] == 1  # the cut turn counts
     assert events[-1].kind == "end" and agent.first_token.is_set()

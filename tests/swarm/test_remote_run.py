@@ -2,9 +2,12 @@
 the CLI against the served CLI, and in process against a server whose engine plays scripted
 turns, so the tool loop runs through the HTTP API too."""
 import asyncio
+import io
 import json
 import re
+import signal
 import sys
+import time
 
 import httpx
 import pytest
@@ -20,7 +23,7 @@ from swarm.serve_cmd import pin_trunk, spec_trunk_ids
 from swarm.server_app import ServedModel
 from swarm.spec import load_spec
 from swarm.transcript import read_transcript
-from tests.swarm.run_helpers import ScriptedSampler, interrupt_once_decoding, tiny_model, write_run_spec
+from tests.swarm.run_helpers import EOS_ID, ScriptedSampler, interrupt_once_decoding, tiny_model, write_run_spec
 from tests.swarm.serve_helpers import MODEL, ServerThread, metric, parse_metrics, serve_cli, start_engine, wait_for
 from tests.swarm.test_run_cmd import ENV, swarm
 
@@ -76,11 +79,14 @@ def test_agents_run_on_swarm_serve_and_the_trunk_hits_its_cache(tmp_path, model,
     assert "server KV" in stderr and "came from the server's cache" in stderr
 
 
-def test_sigint_cancels_the_requests_on_the_server_and_exits_130(tmp_path, model, served):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_cancels_the_requests_on_the_server_and_exits_with_its_code(tmp_path, model, served, sig, code):
     spec = remote_spec(tmp_path, model, served["url"], served["model"], agents=2, max_tokens=900,
                        temperature=0, max_turns=30)
-    code, stdout, stderr = interrupt_once_decoding(["-m", "swarm", "run", str(spec), "--no-tui"], ENV)
-    assert code == 130, stderr
+    cancelled_before = cancelled_requests(served)
+    code_seen, stdout, stderr = interrupt_once_decoding(["-m", "swarm", "run", str(spec), "--no-tui"], ENV,
+                                                        sig=sig)
+    assert code_seen == code, stderr
     assert "Traceback" not in stderr and "swarm: interrupted:" in stdout
     summary = json.loads((run_dir_of(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "interrupted"
@@ -90,10 +96,17 @@ def test_sigint_cancels_the_requests_on_the_server_and_exits_130(tmp_path, model
         assert events[-1]["event"] == "end" and events[-1]["reason"] == "interrupted"
         partial = [e for e in events if e["event"] == "assistant"]
         assert partial and partial[-1]["partial"] and partial[-1]["tokens"] > 0
-    metrics_url = served["url"].removesuffix("/v1") + "/metrics"
-    samples = wait_for(lambda: (s := parse_metrics(httpx.get(metrics_url).text))
-                       and metric(s, "swarm_num_requests_running") == 0 and s)
-    assert samples and metric(samples, "swarm_requests_total", finish_reason="cancelled") >= 2
+        assert agent["turns"] == len(partial)  # the cut turn counts
+    samples = wait_for(lambda: (s := server_metrics(served)) and metric(s, "swarm_num_requests_running") == 0 and s)
+    assert samples and metric(samples, "swarm_requests_total", finish_reason="cancelled") >= cancelled_before + 2
+
+
+def server_metrics(served: dict) -> dict[str, float]:
+    return parse_metrics(httpx.get(served["url"].removesuffix("/v1") + "/metrics").text)
+
+
+def cancelled_requests(served: dict) -> float:
+    return server_metrics(served).get('swarm_requests_total{finish_reason="cancelled"}', 0.0)
 
 
 def test_a_server_that_is_not_there_is_one_line_and_a_failed_summary(tmp_path, model, monkeypatch, capsys):
@@ -191,6 +204,55 @@ def test_each_turn_hits_the_previous_one_and_the_first_hits_the_local_trunk(scri
     assert reader["tool_result_tokens"] > 0 and reader["cached_tokens_total"] > reader["prompt_tokens"]
 
 
+class HoldSlowMidTurn(AgentScriptedSampler):
+    """'quick' gives its final answer; 'slow' writes a long reply, and once 'quick' has ended, the
+    sampler holds 'slow' mid-turn and makes the run's clock jump an hour ahead: the run's wall
+    time then cuts 'slow' short, as it would a turn that takes too long."""
+
+    def __init__(self, engine, run: RemoteSwarmRun, late: list):
+        super().__init__(engine, {"quick": ["Nothing to do."], "slow": ["word " * 500]})
+        self.run, self.late = run, late
+        self.quick_answered, self.slow_tokens = False, 0
+
+    def sample(self, logits, rows) -> list[int]:
+        agents = [self.agent_of(seq_id) for seq_id, _ in rows]
+        if "slow" in agents and self.slow_tokens and self.quick_answered and not self.late:
+            self._hold_slow()  # both replies' tokens so far were delivered after the steps before
+        tokens = super().sample(logits, rows)
+        for agent, token in zip(agents, tokens):
+            self.quick_answered |= agent == "quick" and token == EOS_ID
+            self.slow_tokens += agent == "slow"
+        return tokens
+
+    def _hold_slow(self) -> None:
+        quick, slow = self.run.agents
+        assert wait_for(lambda: quick.ended and slow.reply is not None and slow.reply.pieces, timeout=60)
+        self.late.append(True)
+        assert wait_for(lambda: slow.ended, timeout=60)
+
+
+def test_the_wall_time_cuts_a_turn_short_and_the_run_says_wall_time(tmp_path, model):
+    engine = start_engine(model, kv_budget_tokens=16000)
+    with ServerThread(engine) as server:
+        spec = load_spec(remote_spec(tmp_path, model, server.url + "/v1", MODEL,
+                                     agents=[{"name": "quick"}, {"name": "slow"}], max_tokens=1000))
+        (tmp_path / "run").mkdir()
+        run = RemoteSwarmRun(spec, tmp_path / "run", RemotePlainView(io.StringIO()))
+        late = []
+        run.clock = lambda: time.monotonic() + (3600 if late else 0)
+        engine.sampler = HoldSlowMidTurn(engine, run, late)
+        summary = run.run()
+    assert summary["status"] == "wall_time"
+    agents = {a["name"]: a for a in summary["agents"]}
+    assert (agents["quick"]["status"], agents["quick"]["end_reason"], agents["quick"]["turns"]) == (
+        "done", "final_answer", 1)
+    assert (agents["slow"]["status"], agents["slow"]["end_reason"], agents["slow"]["turns"]) == ("done", "wall_time", 1)
+    events = read_transcript(tmp_path / "run" / "agent-slow.jsonl")
+    [turn] = [e for e in events if e["event"] == "assistant"]
+    assert turn["partial"] and turn["tokens"] > 0
+    assert events[-1]["event"] == "end" and (events[-1]["reason"], events[-1]["turns"]) == ("wall_time", 1)
+
+
 def test_the_local_runner_stays_the_default():
     from swarm import run_cmd
     assert run_cmd.RemoteSwarmRun is RemoteSwarmRun and run_cmd.SwarmRun is SwarmRun
@@ -199,18 +261,18 @@ def test_the_local_runner_stays_the_default():
 def test_the_servers_refusals_become_errors_that_say_what_to_fix(scripted_server):
     url = scripted_server.url + "/v1"
 
-    async def ask(model: str, max_tokens: int):
+    async def ask(model: str, content: str):
         client = ChatClient(BackendSpec("openai", url, model), max_retries=0)
         try:
             await client.check_model()
-            await client.stream_turn([{"role": "user", "content": "hi"}], [], SamplingParams(max_tokens=max_tokens),
+            await client.stream_turn([{"role": "user", "content": content}], [], SamplingParams(max_tokens=8),
                                      AssistantReply(), lambda count: None)
         finally:
             await client.close()
     with pytest.raises(RemoteError, match=f"^{url} serves 'tiny', not 'qwen'; set backend.model to one of them$"):
-        asyncio.run(ask("qwen", 8))
-    with pytest.raises(ContextFullError, match="no longer fits the model's context \\(max_tokens is 5000"):
-        asyncio.run(ask(MODEL, 5000))
+        asyncio.run(ask("qwen", "hi"))
+    with pytest.raises(ContextFullError, match="no longer fits the model's context"):
+        asyncio.run(ask(MODEL, "x" * 3000))  # the tiny model's context is 2,048 tokens
 
 
 def test_a_keyed_swarm_serve_takes_the_key_from_the_variable_the_spec_names(tmp_path, model, monkeypatch, capsys):
