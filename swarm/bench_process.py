@@ -80,6 +80,11 @@ class PeerProcess:
     def pid(self) -> int:
         return self._process.pid
 
+    @property
+    def busy(self) -> bool:
+        """A workload is out: `close` then stops the worker instead of waiting for it."""
+        return self._busy
+
     def run(self, workload: Workload) -> Measurement:
         self._busy = True
         try:

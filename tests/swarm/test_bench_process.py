@@ -19,6 +19,7 @@ from tests.engine.tiny_models import make_tiny_model
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).parents[2]
+HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
 
 
 @pytest.fixture(scope="module")
@@ -74,43 +75,62 @@ def test_ctrl_c_is_left_to_the_bench_and_a_busy_worker_is_stopped_at_once(tiny_s
         except RuntimeError as err:
             errors.append(str(err))
 
+    running = threading.Thread(target=run_long, daemon=True)
     try:
         os.kill(peer.pid, signal.SIGINT)   # the terminal sends it to the whole process group
         small = make_workload(agents=2, trunk=10, suffix=2, new_tokens=2, vocab_size=256, seed="int")
         assert peer.run(small).outputs   # the worker ignored it
-        running = threading.Thread(target=run_long, daemon=True)
         running.start()
-        time.sleep(1)
+        assert wait_until(lambda: peer.busy), "the long workload was never sent"
     finally:
         started = time.monotonic()
         peer.close()
+    # waiting for the worker would take the rest of the workload or CLOSE_TIMEOUT_S (30 s)
     assert time.monotonic() - started < 10
-    running.join(10)
-    assert errors and "worker process ended" in errors[0]   # stopped mid-run, not waited for
+    running.join(HANG_GUARD_S)
+    assert not running.is_alive() and errors and "worker process ended" in errors[0]   # cut off mid-run
     with pytest.raises(ProcessLookupError):
         os.kill(peer.pid, 0)
 
 
-def test_a_worker_whose_bench_is_gone_ends_quietly(tiny_source):
-    code = f"""
+# The bench runs under a child subreaper, so its orphaned worker becomes the subreaper's child:
+# os.wait() then returns at the worker's actual exit, with its exit code. (The stdout and stderr
+# pipes closing is no such signal: an exiting process closes its files before it is a zombie.)
+BENCH_GONE = """
 import os
 from engine.loader import load_model_config, resolve_model
 from swarm.bench_process import PeerProcess, PeerSpec
-source = resolve_model({str(tiny_source.path)!r})
+source = resolve_model({path!r})
 peer = PeerProcess(PeerSpec("hf", source, load_model_config(source), "cpu", "float32", 256, 4))
 print(peer.pid, flush=True)
 os._exit(0)   # gone without closing it, as after a crash
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    # the worker writes to the same stderr, so this returns once it has ended too
+REAPER = """
+import ctypes, os, subprocess, sys
+PR_SET_CHILD_SUBREAPER = 36
+assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+subprocess.run([sys.executable, "-c", sys.argv[1]], check=True)
+pid, status = os.wait()   # the only child left: the worker
+print(pid, os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a child subreaper is Linux's")
+def test_a_worker_whose_bench_is_gone_ends_quietly(tiny_source):
+    bench = BENCH_GONE.format(path=str(tiny_source.path))
+    done = subprocess.run([sys.executable, "-c", REAPER, bench], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S, cwd=ROOT)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    assert not exists_unexited(int(done.stdout))
+    lines = done.stdout.splitlines()
+    worker, (reaped, exit_code) = lines[0], lines[-1].split()
+    assert (reaped, exit_code) == (worker, "0"), done.stdout   # it exited, by itself and cleanly
 
 
-def exists_unexited(pid: int) -> bool:
-    """Whether the process runs still; an orphan that has exited may linger unreaped (a zombie)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+def wait_until(condition, guard: float = HANG_GUARD_S) -> bool:
+    """Whether `condition()` came true; the bound only guards against a hang."""
+    give_up = time.monotonic() + guard
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
