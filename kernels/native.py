@@ -5,6 +5,12 @@ the source (with the headers beside it), the flags, the compiler and this CPU, s
 load it in milliseconds. Where no C compiler works, `load` returns None and the callers keep
 their PyTorch path.
 
+The kernels run their parallel loops on torch's OpenMP runtime, not on a second one of their own:
+two runtimes are two pools of threads, each sized to every core and each spinning while it waits,
+on the same cores. A compiler links -fopenmp code against its own libgomp.so.1, and a torch wheel
+may bundle a copy under another name (libgomp-<hash>.so.1): so the kernels are linked against the
+very file torch runs on (`openmp_runtime`), found by where its omp_get_max_threads lives.
+
     CC   the compiler to use (default: cc, then gcc, then clang)
 """
 from __future__ import annotations
@@ -16,11 +22,12 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-import torch  # noqa: F401  (loads torch's libgomp.so.1 before any kernel: they share its OpenMP threads)
+import torch
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 SOURCE_DIR = Path(__file__).parent
@@ -33,8 +40,7 @@ def cache_dir() -> Path:
 
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
-    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built.
-    Its libgomp.so.1 resolves to torch's copy, imported above."""
+    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
     headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
     source = (SOURCE_DIR / f"{name}.c").read_bytes() + headers
     compiler = _compiler()
@@ -69,6 +75,36 @@ def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> cty
     return lib
 
 
+@functools.cache
+def openmp_runtime() -> Path | None:
+    """The file of the OpenMP runtime torch runs on (torch/lib/libgomp*.so.1 in a pip wheel), or
+    None where torch has none or the C library cannot say (dladdr is glibc's and macOS's)."""
+    try:
+        torch_c = ctypes.CDLL(torch._C.__file__)   # already loaded: this only gets a handle on it
+        function = ctypes.cast(torch_c.omp_get_max_threads, ctypes.c_void_p)
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return None
+    info = _DlInfo()
+    if not dladdr(function, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return Path(os.fsdecode(info.dli_fname)).resolve()
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def link_flags() -> tuple[str, ...]:
+    """Linker arguments that put the kernels on torch's OpenMP runtime: its file, found again at
+    load through the rpath, comes before the -lgomp that -fopenmp adds, which --as-needed drops."""
+    runtime = openmp_runtime()
+    if runtime is None or not sys.platform.startswith("linux"):
+        return ()
+    return ("-Wl,--as-needed", str(runtime), f"-Wl,-rpath,{runtime.parent}")
+
+
 def _compiler() -> str | None:
     for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if candidate and shutil.which(candidate):
@@ -77,7 +113,7 @@ def _compiler() -> str | None:
 
 
 def _build_key(source: bytes, compiler: str) -> str:
-    parts = [source, " ".join(FLAGS).encode(), compiler.encode(), _compiler_version(compiler).encode(),
+    parts = [source, " ".join(FLAGS + link_flags()).encode(), compiler.encode(), _compiler_version(compiler).encode(),
              platform.machine().encode(), _cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
@@ -108,8 +144,8 @@ def _build(compiler: str, source: Path, target: Path) -> str | None:
     except OSError as err:
         return f"cannot write to {target.parent}: {err.strerror or err}; set SWARM_CACHE_DIR"
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial], capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([compiler, *FLAGS, str(source), *link_flags(), "-o", partial], capture_output=True,
+                              text=True, timeout=300)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
             return lines[0] if lines else f"exit code {done.returncode}"

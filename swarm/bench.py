@@ -5,7 +5,8 @@ on a noisy machine. swarm runs in this process; each peer in a worker process of
 
 Every model is loaded once. Each repeat of each configuration gets fresh random token ids, so
 no system finds a trunk already cached from an earlier run; within one repeat, every system
-gets the same ids.
+gets the same ids. With `--busy K`, each measurement is taken again right after it, beside K
+processes that each keep a core busy (swarm/bench_busy.py), so the two are side by side.
 """
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from typing import Callable, Protocol
 
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, cpu_threads
 from engine.errors import SwarmError
 from kernels.backend import attention_ops
+from swarm.bench_busy import BusyLoad
 from swarm.bench_peers import PeerUnavailable
 from swarm.bench_process import PeerProcess, PeerSpec
-from swarm.bench_report import BenchReport, ConfigResult, SystemResult
+from swarm.bench_report import BenchReport, BusyResult, ConfigResult, SystemResult
 from swarm.bench_workload import (PEERS, SYSTEMS, BenchOptions, Measurement, Stopwatch, Workload,
                                   agreement, make_workload)
-
 
 
 class BenchError(SwarmError):
@@ -115,7 +116,8 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
         progress("warming up", 0, 0)
         for runner in runners:
             _measure(runner, _warm_up_workload(options, config.vocab_size))
-        tally = _Tally(progress, len(options.configurations) * options.repeats * len(runners))
+        per_run = 2 if options.busy else 1
+        tally = _Tally(progress, len(options.configurations) * options.repeats * len(runners) * per_run)
         configs = [_run_config(options, trunk, agents, runners, missing, config.vocab_size, tally)
                    for trunk, agents in options.configurations]
     finally:
@@ -126,7 +128,8 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{r.name: r.version for r in runners}, **{name: None for name in missing}}
     kernels = {"attention": attention_ops(engine.device).name, "quantized_decode_bytes": engine.quantized_bytes,
-               "matmuls": "onednn" if engine.onednn_weights else "torch"}
+               "matmuls": "onednn" if engine.onednn_weights else "torch", "threads": torch.get_num_threads(),
+               "openmp_wait": cpu_threads.wait_settings()}
     return BenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."), versions, configs,
                        kernels)
 
@@ -152,10 +155,13 @@ class _Tally:
     def __init__(self, progress: Progress, total: int):
         self.progress, self.total, self.done = progress, total, 0
 
-    def measure(self, runner: Runner, workload: Workload) -> Measurement | SystemResult:
+    def measure(self, runner: Runner, workload: Workload, busy: int = 0) -> Measurement | SystemResult:
+        """One run of `workload`, beside `busy` busy-loop processes started for it and ended after it."""
         what = f"N={workload.agents} T={workload.trunk_tokens}: {SYSTEMS[runner.name]}"
+        what += f", {busy} busy process{'es' if busy > 1 else ''} beside it" if busy else ""
         self.progress(what, self.done, self.total)
-        measured = _measure(runner, workload)
+        with BusyLoad(busy):
+            measured = _measure(runner, workload)
         self.done += 1
         self.progress(what, self.done, self.total)
         return measured
@@ -163,14 +169,20 @@ class _Tally:
 
 def _run_config(options, trunk, agents, runners, missing, vocab, tally: _Tally) -> ConfigResult:
     runs: dict[str, list[tuple[int, Measurement | SystemResult]]] = {r.name: [] for r in runners}
+    busy_runs: dict[str, list[tuple[int, Measurement | SystemResult]]] = {r.name: [] for r in runners}
     for repeat in range(options.repeats):
         workload = make_workload(agents, trunk, options.suffix, options.new_tokens, vocab,
                                  seed=f"{options.seed}/{trunk}/{agents}/{repeat}")
         turn = repeat % len(runners)
         for runner in runners[turn:] + runners[:turn]:
             runs[runner.name].append((repeat, tally.measure(runner, workload)))
+            if options.busy:
+                busy_runs[runner.name].append((repeat, tally.measure(runner, workload, options.busy)))
     result = ConfigResult(agents, trunk, options.suffix, options.new_tokens)
     result.systems = {name: _median_run(name, runs[name], runs["swarm"]) for name in runs}
+    if options.busy:
+        for name, system in result.systems.items():
+            system.busy = _busy_result(options.busy, busy_runs[name], runs[name])
     result.systems.update(missing)
     result.fill_ratios()
     return result
@@ -185,13 +197,35 @@ def _measure(runner: Runner, workload: Workload) -> Measurement | SystemResult:
 
 def _median_run(name, runs, swarm_runs) -> SystemResult:
     """The repeat with the median wall time; its outputs are checked against swarm's on the same ids."""
+    median = _median(runs)
+    if median is None:
+        return runs[0][1]
+    repeat, measurement = median
+    return SystemResult(name, "ok", measurement=measurement, matches_swarm=_matches(measurement, swarm_runs, repeat))
+
+
+def _busy_result(processes: int, busy_runs, quiet_runs) -> BusyResult:
+    """The busy repeat with the median wall time; its outputs are checked against the quiet run's."""
+    median = _median(busy_runs)
+    if median is None:
+        failed = busy_runs[0][1]
+        return BusyResult(processes, failed.status, failed.reason)
+    repeat, measurement = median
+    return BusyResult(processes, "ok", measurement=measurement,
+                      matches_quiet=_matches(measurement, quiet_runs, repeat))
+
+
+def _median(runs) -> tuple[int, Measurement] | None:
     done = sorted((m.wall_s, repeat, m) for repeat, m in runs if isinstance(m, Measurement))
     if not done:
-        return runs[0][1]
+        return None
     _, repeat, measurement = done[(len(done) - 1) // 2]
-    reference = dict(swarm_runs).get(repeat)
-    matches = agreement(measurement.outputs, reference.outputs) if isinstance(reference, Measurement) else None
-    return SystemResult(name, "ok", measurement=measurement, matches_swarm=matches)
+    return repeat, measurement
+
+
+def _matches(measurement: Measurement, reference_runs, repeat: int) -> float | None:
+    reference = dict(reference_runs).get(repeat)
+    return agreement(measurement.outputs, reference.outputs) if isinstance(reference, Measurement) else None
 
 
 def _check(options: BenchOptions) -> None:
@@ -202,6 +236,8 @@ def _check(options: BenchOptions) -> None:
                         ("--repeats", options.repeats)):
         if value < 1:
             raise BenchError(f"{name} must be at least 1")
+    if options.busy < 0:
+        raise BenchError("--busy must be 0 (off) or a number of busy processes, like 1")
     if options.hf_dtype not in ("float32", "bfloat16", "float16"):
         raise BenchError(f"--hf-dtype {options.hf_dtype!r}: use float32, bfloat16 or float16")
     unknown = [p for p in options.peers if p not in PEERS]

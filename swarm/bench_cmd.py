@@ -11,7 +11,7 @@ from rich.table import Table
 
 from engine.named_models import DEFAULT_MODEL
 from swarm.bench import BenchError, run_bench
-from swarm.bench_report import BenchReport, ConfigResult
+from swarm.bench_report import BenchReport, ConfigResult, SystemResult
 from swarm.bench_workload import PEERS, SYSTEMS, BenchOptions
 from swarm.kv_budget import format_bytes
 
@@ -34,6 +34,9 @@ def bench(
     hf_dtype: str = typer.Option("float32", "--hf-dtype", help="transformers' dtype (its default is float32)."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per system and configuration; the median is kept."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random token ids of the workload."),
+    busy: int = typer.Option(0, "--busy", metavar="K",
+                             help="Also run each measurement beside K processes that each keep a core busy "
+                                  "(as an IDE or a browser would), and report decode tok/s against the quiet run."),
     out: Path = typer.Option(None, "--out", help="Write the results as JSON (schema in the README) here."),
     plot: Path = typer.Option(None, "--plot", help="Write a PNG chart here (needs matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
@@ -46,13 +49,15 @@ def bench(
 
     Example: swarm bench --agents 1,8 --trunk 2048 --out bench.json --plot bench.png
 
+    On a busy CPU: swarm bench --agents 1 --trunk 512 --busy 1 (one core taken while it runs).
+
     One decode step, cascade attention against plain paged attention: swarm bench-decode.
     """
     check_output_path("--out", out)
     check_output_path("--plot", plot)
     options = BenchOptions(model, comma_ints("--agents", agents), comma_ints("--trunk", trunk), suffix, new_tokens,
                            tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
-                           repeats, seed)
+                           repeats, seed, busy)
     if plot is not None:
         from swarm.bench_chart import require_matplotlib
         require_matplotlib()
@@ -107,6 +112,8 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
         decode = f"from the file's quantized blocks ({quantized / 1e6:.1f} MB)" if quantized else "from float32 weights"
         matmuls = "oneDNN" if kernels.get("matmuls") == "onednn" else "torch"
         console.print(f"swarm kernels: {kernels.get('attention')} attention, {matmuls} matmuls, decode matmuls {decode}")
+        waiting = " ".join(f"{k}={v}" for k, v in (kernels.get("openmp_wait") or {}).items()) or "spinning (default)"
+        console.print(f"CPU threads: {kernels.get('threads')}, idle OpenMP threads: {waiting}")
     console.print(_table(report))
     for name, version in report.versions.items():
         if version is None:
@@ -118,14 +125,20 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
 
 
 def _table(report: BenchReport) -> Table:
-    table = Table("N", "trunk", "system", "KV at peak", "prompt tokens", "TTFT last", "decode tok/s",
-                  "wall", "same", caption="×: over swarm with sharing. TTFT last: time to the last agent's "
-                  "first token. same: agents whose greedy tokens equal swarm's")
+    busy = report.options.busy
+    columns = ["N", "trunk", "system", "KV at peak", "prompt tokens", "TTFT last", "decode tok/s", "wall", "same"]
+    caption = ("×: over swarm with sharing. TTFT last: time to the last agent's first token. same: agents whose "
+               "greedy tokens equal swarm's")
+    if busy:
+        columns.append(f"decode tok/s, {busy} busy")
+        caption += f". {busy} busy: beside {busy} busy-loop process{'es' if busy > 1 else ''}, × over the quiet run"
+    table = Table(*columns, caption=caption)
     for config in report.configs:
         for name, result in config.systems.items():
             if result.status in ("not installed", "unavailable"):
                 continue
-            table.add_row(str(config.agents), f"{config.trunk:,}", SHORT_NAMES[name], *_cells(config, name),
+            cells = _cells(config, name) + ([_busy_cell(config.systems[name])] if busy else [])
+            table.add_row(str(config.agents), f"{config.trunk:,}", SHORT_NAMES[name], *cells,
                           end_section=name == list(config.systems)[-1])
     return table
 
@@ -143,6 +156,16 @@ def _cells(config: ConfigResult, name: str) -> list[str]:
             _with_ratio(f"{m.ttft_last_s:.2f} s", r.get("ttft_last_s"), name),
             _with_ratio(decode, r.get("decode_tok_s"), name),
             _with_ratio(f"{m.wall_s:.2f} s", r.get("wall_s"), name), same]
+
+
+def _busy_cell(result: SystemResult) -> str:
+    busy = result.busy
+    if busy is None or busy.measurement is None:
+        return "" if busy is None else f"[red]{busy.status}: {busy.reason}[/]"
+    rate, quiet = busy.measurement.decode_tok_s, result.measurement and result.measurement.decode_tok_s
+    if rate is None:
+        return "-"
+    return f"{rate:,.1f}" + (f"\n[dim]{rate / quiet:.2f}× quiet[/]" if quiet else "")
 
 
 def _with_ratio(text: str, ratio: float | None, name: str) -> str:

@@ -1,6 +1,7 @@
 """Each `swarm bench` peer (transformers, llama.cpp) runs in a worker process of its own, so it runs
 as its users run it: nothing swarm's engine sets for its own process reaches it (the allocator
-thresholds of engine/host_memory.py sped transformers up by a tenth when it shared the process).
+thresholds of engine/host_memory.py sped transformers up by a tenth when it shared the process;
+the OpenMP settings of engine/cpu_threads.py are left out of its environment).
 The systems still take turns: a worker computes only while the bench waits on it.
 
     bench process                          worker process (one a peer)
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from engine import cpu_threads
 from engine.config import ModelConfig
 from engine.loader import ModelSource
 from swarm.bench_peers import PeerUnavailable
@@ -59,7 +61,8 @@ class PeerProcess:
         self._receive_end, worker_writes = _pipe()
         ends = (worker_reads.fileno(), worker_writes.fileno())
         root = str(Path(__file__).parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+        env = {**cpu_threads.environment_without_ours(),
+               "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
         self._process = subprocess.Popen([sys.executable, "-m", "swarm.bench_process", *map(str, ends)],
                                          pass_fds=ends, env=env)
         worker_reads.close()

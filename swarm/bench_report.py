@@ -9,6 +9,30 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(slots=True)
+class BusyResult:
+    """One system's run of a configuration beside `processes` busy-loop processes (`--busy`)."""
+    processes: int
+    status: str                      # "ok" or "error"
+    reason: str = ""
+    measurement: Measurement | None = None
+    matches_quiet: float | None = None
+
+    def to_json(self, quiet: Measurement | None) -> dict:
+        data = {"processes": self.processes, "status": self.status, "reason": self.reason}
+        m = self.measurement
+        if m is None:
+            return data
+        data.update(decode_tok_s=m.decode_tok_s, decode_tokens=m.decode_tokens, decode_s=m.decode_s, wall_s=m.wall_s,
+                    decode_over_quiet=_over(m.decode_tok_s, quiet and quiet.decode_tok_s),
+                    wall_over_quiet=_over(m.wall_s, quiet and quiet.wall_s), matches_quiet=self.matches_quiet)
+        return data
+
+
+def _over(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine is not None and theirs else None
+
+
+@dataclass(slots=True)
 class SystemResult:
     name: str
     status: str                      # "ok", "not installed", "unavailable" or "error"
@@ -16,17 +40,19 @@ class SystemResult:
     measurement: Measurement | None = None
     ratios: dict[str, float | None] = field(default_factory=dict)
     matches_swarm: float | None = None
+    busy: BusyResult | None = None   # with --busy: the same configuration beside busy processes
 
     def to_json(self) -> dict:
         data = {"label": SYSTEMS[self.name], "status": self.status, "reason": self.reason}
         m = self.measurement
-        if m is None:
-            return data
-        data.update(kv_bytes_peak=m.kv_bytes_peak, bytes_per_token=m.bytes_per_token,
-                    prompt_tokens_computed=m.prompt_tokens_computed, ttft_last_s=m.ttft_last_s,
-                    decode_tok_s=m.decode_tok_s, decode_tokens=m.decode_tokens, decode_s=m.decode_s,
-                    wall_s=m.wall_s, generated_tokens=sum(len(o) for o in m.outputs),
-                    matches_swarm=self.matches_swarm, ratios=dict(self.ratios))
+        if m is not None:
+            data.update(kv_bytes_peak=m.kv_bytes_peak, bytes_per_token=m.bytes_per_token,
+                        prompt_tokens_computed=m.prompt_tokens_computed, ttft_last_s=m.ttft_last_s,
+                        decode_tok_s=m.decode_tok_s, decode_tokens=m.decode_tokens, decode_s=m.decode_s,
+                        wall_s=m.wall_s, generated_tokens=sum(len(o) for o in m.outputs),
+                        matches_swarm=self.matches_swarm, ratios=dict(self.ratios))
+        if self.busy is not None:
+            data["busy"] = self.busy.to_json(m)
         return data
 
 
@@ -50,8 +76,7 @@ class ConfigResult:
             if system.measurement is None or base is None:
                 continue
             for metric in METRICS:
-                mine, theirs = system.measurement.metric(metric), base.metric(metric)
-                system.ratios[metric] = mine / theirs if mine is not None and theirs else None
+                system.ratios[metric] = _over(system.measurement.metric(metric), base.metric(metric))
 
 
 @dataclass(slots=True)
@@ -73,7 +98,7 @@ class BenchReport:
             "hf_dtype": o.hf_dtype,
             "kernels": dict(self.kernels or {}),
             "workload": {"agents": list(o.agents), "trunks": list(o.trunks), "suffix": o.suffix,
-                         "new_tokens": o.new_tokens, "repeats": o.repeats, "seed": o.seed},
+                         "new_tokens": o.new_tokens, "repeats": o.repeats, "seed": o.seed, "busy": o.busy},
             "systems": {name: SYSTEMS[name] for name in ("swarm", "swarm_no_sharing", *o.peers)},
             "versions": dict(self.versions),
             "configs": [config.to_json() for config in self.configs],

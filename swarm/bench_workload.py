@@ -32,6 +32,7 @@ class BenchOptions:
     hf_dtype: str = "float32"
     repeats: int = 1
     seed: int = 0
+    busy: int = 0            # --busy K: each measurement again beside K busy-loop processes
 
     @property
     def configurations(self) -> list[tuple[int, int]]:

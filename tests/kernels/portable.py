@@ -26,7 +26,7 @@ def _build(name: str, signatures: dict, target: Path, flags: list[str]) -> ctype
     if compiler is None or shutil.which(compiler) is None:
         pytest.skip("no C compiler")
     built = subprocess.run([compiler, *flags, "-fopenmp", "-shared", "-fPIC", str(native.SOURCE_DIR / f"{name}.c"),
-                            "-o", str(target)], capture_output=True, text=True)
+                            *native.link_flags(), "-o", str(target)], capture_output=True, text=True)
     if built.returncode != 0:
         pytest.skip(f"this compiler cannot build {' '.join(flags)}: {built.stderr.strip()[:200]}")
     return native.declare(ctypes.CDLL(str(target)), signatures)

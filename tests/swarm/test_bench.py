@@ -1,11 +1,12 @@
 """`swarm bench` and `swarm bench-decode` on a tiny random model: the JSON schema, the sharing
-arithmetic, the PNG.
+arithmetic, the runs beside busy processes (`--busy`), the PNG.
 The bench itself is not a test; this only checks that it runs and reports what it measured."""
 import json
 
 import pytest
 from typer.testing import CliRunner
 
+from engine import cpu_threads
 from kernels import onednn_linear
 from swarm.bench_workload import make_workload
 from swarm.cli import app
@@ -14,7 +15,9 @@ from tests.engine.tiny_models import make_tiny_model
 T, S, G = 40, 5, 4
 SYSTEM_FIELDS = {"label", "status", "reason", "kv_bytes_peak", "bytes_per_token", "prompt_tokens_computed",
                  "ttft_last_s", "decode_tok_s", "decode_tokens", "decode_s", "wall_s", "generated_tokens",
-                 "matches_swarm", "ratios"}
+                 "matches_swarm", "ratios", "busy"}
+BUSY_FIELDS = {"processes", "status", "reason", "decode_tok_s", "decode_tokens", "decode_s", "wall_s",
+               "decode_over_quiet", "wall_over_quiet", "matches_quiet"}
 RATIO_FIELDS = {"kv_bytes_peak", "prompt_tokens_computed", "ttft_last_s", "decode_tok_s", "wall_s"}
 
 
@@ -24,7 +27,8 @@ def bench_run(tmp_path_factory):
     model = make_tiny_model(root / "llama", "llama")
     out, plot = root / "bench.json", root / "bench.png"
     args = ["bench", "--model", str(model), "--agents", "1,2", "--trunk", str(T), "--suffix", str(S),
-            "--new-tokens", str(G), "--peers", "hf,llamacpp", "--out", str(out), "--plot", str(plot), "--json"]
+            "--new-tokens", str(G), "--peers", "hf,llamacpp", "--busy", "1", "--out", str(out), "--plot", str(plot),
+            "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text()), result.output, plot
@@ -44,7 +48,9 @@ def test_json_follows_the_documented_schema(bench_run):
     assert document["kernels"]["quantized_decode_bytes"] == 0   # a safetensors folder has no quantized blocks
     assert document["kernels"]["matmuls"] == ("onednn" if onednn_linear.available() else "torch")
     assert document["workload"] == {"agents": [1, 2], "trunks": [T], "suffix": S, "new_tokens": G,
-                                    "repeats": 1, "seed": 0}
+                                    "repeats": 1, "seed": 0, "busy": 1}
+    assert document["kernels"]["threads"] >= 1
+    assert document["kernels"]["openmp_wait"] in ({"OMP_WAIT_POLICY": "PASSIVE"}, cpu_threads.wait_settings())
     assert list(document["systems"]) == ["swarm", "swarm_no_sharing", "hf", "llamacpp"]
     for config in document["configs"]:
         assert (config["trunk"], config["suffix"], config["new_tokens"]) == (T, S, G)
@@ -55,6 +61,25 @@ def test_json_follows_the_documented_schema(bench_run):
             assert set(system["ratios"]) == RATIO_FIELDS
             assert system["generated_tokens"] == config["agents"] * G
             assert 0 < system["ttft_last_s"] <= system["wall_s"]
+
+
+def test_busy_runs_are_reported_beside_the_quiet_ones(bench_run):
+    for config in bench_run[0]["configs"]:
+        for name in ("swarm", "swarm_no_sharing", "hf"):
+            quiet = config["systems"][name]
+            busy = quiet["busy"]
+            assert set(busy) == BUSY_FIELDS and (busy["processes"], busy["status"]) == (1, "ok"), busy
+            assert busy["decode_tokens"] == quiet["decode_tokens"]
+            assert busy["decode_over_quiet"] == pytest.approx(busy["decode_tok_s"] / quiet["decode_tok_s"])
+            assert busy["wall_over_quiet"] == pytest.approx(busy["wall_s"] / quiet["wall_s"])
+            assert busy["matches_quiet"] == 1.0   # the same greedy tokens, busy or not
+        assert "busy" not in config["systems"]["llamacpp"]   # it did not run at all
+
+
+def test_busy_must_not_be_negative():
+    result = CliRunner().invoke(app, ["bench", "--busy", "-1"])
+    assert result.exit_code != 0
+    assert "--busy" in str(result.exception)
 
 
 def test_sharing_holds_less_kv_and_computes_the_trunk_once(bench_run):

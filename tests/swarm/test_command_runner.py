@@ -99,8 +99,9 @@ def test_kill_running_commands_stops_the_calls_in_flight_with_their_processes(tm
 
 # The run's end, as a Ctrl-C at a terminal (SIGINT to the foreground group) or a SIGKILL.
 _SWARM_IN_A_TOOL_CALL = """
-import sys
+import signal, sys
 from swarm.tools import run_command
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a shell's background job starts with SIGINT ignored
 from swarm.workspace import Workspace
 run_command(Workspace(sys.argv[1]), "sleep 300 & echo $! > pids; setsid sleep 301 & echo $! >> pids; sleep 302", 120)
 """
