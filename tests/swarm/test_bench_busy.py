@@ -9,13 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from swarm.bench_busy import BusyLoad
 from tests.engine.tiny_models import make_tiny_model
+from tests.swarm.process_helpers import wait_for
 
 ROOT = Path(__file__).parents[2]
 HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
@@ -66,14 +66,6 @@ def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def wait_until(condition) -> bool:
-    give_up = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        if time.monotonic() > give_up:
-            return False
-        time.sleep(0.01)
-    return True
-
 
 def test_busy_processes_spin_while_the_block_runs_and_are_gone_after():
     with BusyLoad(2) as load:
@@ -81,7 +73,7 @@ def test_busy_processes_spin_while_the_block_runs_and_are_gone_after():
         assert len(set(pids)) == 2 and os.getpid() not in pids
         for pid in pids:
             assert state(pid) not in (None, "Z", "T") and parent(pid) == os.getpid()
-            assert wait_until(lambda: cpu_seconds(pid) > 0.05), "a busy process does not compute"
+            assert wait_for(lambda: cpu_seconds(pid) > 0.05, HANG_GUARD_S), "a busy process does not compute"
     assert [state(pid) for pid in pids] == [None, None]   # killed and reaped on the way out
 
 

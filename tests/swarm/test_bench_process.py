@@ -16,6 +16,7 @@ from swarm.bench_peers import HFRunner, PeerUnavailable
 from swarm.bench_process import PeerProcess, PeerSpec
 from swarm.bench_workload import make_workload
 from tests.engine.tiny_models import make_tiny_model
+from tests.swarm.process_helpers import wait_for
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).parents[2]
@@ -81,7 +82,7 @@ def test_ctrl_c_is_left_to_the_bench_and_a_busy_worker_is_stopped_at_once(tiny_s
         small = make_workload(agents=2, trunk=10, suffix=2, new_tokens=2, vocab_size=256, seed="int")
         assert peer.run(small).outputs   # the worker ignored it
         running.start()
-        assert wait_until(lambda: peer.busy), "the long workload was never sent"
+        assert wait_for(lambda: peer.busy, HANG_GUARD_S), "the long workload was never sent"
     finally:
         started = time.monotonic()
         peer.close()
@@ -125,12 +126,3 @@ def test_a_worker_whose_bench_is_gone_ends_quietly(tiny_source):
     worker, (reaped, exit_code) = lines[0], lines[-1].split()
     assert (reaped, exit_code) == (worker, "0"), done.stdout   # it exited, by itself and cleanly
 
-
-def wait_until(condition, guard: float = HANG_GUARD_S) -> bool:
-    """Whether `condition()` came true; the bound only guards against a hang."""
-    give_up = time.monotonic() + guard
-    while not condition():
-        if time.monotonic() > give_up:
-            return False
-        time.sleep(0.01)
-    return True
