@@ -150,23 +150,30 @@ def test_a_turn_cut_at_sampling_max_tokens_ends_with_length(tmp_path, model):
         assert events[-1]["event"] == "end" and events[-1]["reason"] == "length"
 
 
-# `swarm run` whose engine, once every agent has its first token, takes one step that lasts longer
-# than the wall time: the run must then stop the agents mid-turn. (3 s is far more than a tiny
-# model needs to get there, on any machine.)
-WALL_TIME = 3
-OUTLAST_THE_WALL_TIME = """
-import sys, time
+# `swarm run` whose clock, once every agent has its first token, jumps past the wall time: the
+# run must then stop the agents mid-turn. The wall time is an hour, so no machine reaches it by
+# being slow, and nothing waits for it either.
+WALL_TIME = 3600
+JUMP_PAST_THE_WALL_TIME = """
+import sys
 from engine.llm_engine import LLMEngine
-step, slept = LLMEngine.step, []
+from swarm.orchestrator import SwarmRun
+step, init, jump = LLMEngine.step, SwarmRun.__init__, [0.0]
 
-def step_then_outlast_the_wall_time(self):
+def init_with_a_clock_that_jumps(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    clock = self.clock
+    self.clock = lambda: clock() + jump[0]
+
+def step_then_jump_past_the_wall_time(self):
     result = step(self)
     agents = [seq for seq in self.live.values() if seq.request_id != "(trunk)"]
-    if not slept and len(agents) == 2 and all(seq.num_output_tokens for seq in agents):
-        slept.append(time.sleep(%d + 1))
+    if not jump[0] and len(agents) == 2 and all(seq.num_output_tokens for seq in agents):
+        jump[0] = %d + 1
     return result
 
-LLMEngine.step = step_then_outlast_the_wall_time
+SwarmRun.__init__ = init_with_a_clock_that_jumps
+LLMEngine.step = step_then_jump_past_the_wall_time
 sys.argv[0] = "swarm"
 from swarm.cli import main
 main()
@@ -176,7 +183,7 @@ main()
 def test_wall_time_counts_the_cut_turn_and_the_run_says_wall_time(tmp_path, model):
     spec = write_run_spec(tmp_path, model, agents=2, max_tokens=1000, max_turns=30, temperature=0,
                           wall_time=WALL_TIME)
-    process = subprocess.run([sys.executable, "-c", OUTLAST_THE_WALL_TIME, "run", str(spec), "--json"], cwd=REPO,
+    process = subprocess.run([sys.executable, "-c", JUMP_PAST_THE_WALL_TIME, "run", str(spec), "--json"], cwd=REPO,
                              env=ENV, capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
     summary = json.loads(process.stdout)
