@@ -23,12 +23,8 @@ from swarm.bench_busy import BusyLoad
 from swarm.bench_peers import PeerUnavailable
 from swarm.bench_process import PeerProcess, PeerSpec
 from swarm.bench_report import BenchReport, BusyResult, ConfigResult, SystemResult
-from swarm.bench_workload import (PEERS, SYSTEMS, BenchOptions, Measurement, Stopwatch, Workload,
+from swarm.bench_workload import (PEERS, SYSTEMS, BenchError, BenchOptions, Measurement, Stopwatch, Workload,
                                   agreement, make_workload)
-
-
-class BenchError(SwarmError):
-    exit_code = 2
 
 
 class Runner(Protocol):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -10,10 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from engine.named_models import DEFAULT_MODEL
-from swarm.bench import BenchError, run_bench
-from swarm.bench_report import BenchReport, ConfigResult, SystemResult
-from swarm.bench_workload import PEERS, SYSTEMS, BenchOptions
+from swarm.bench_workload import PEERS, SYSTEMS, BenchError, BenchOptions
 from swarm.kv_budget import format_bytes
+
+if TYPE_CHECKING:
+    from swarm.bench_report import BenchReport, ConfigResult, SystemResult
 
 SHORT_NAMES = {"swarm": "swarm", "swarm_no_sharing": "swarm, no sharing", "hf": "transformers",
                "llamacpp": "llama.cpp"}
@@ -99,6 +101,7 @@ def _run_with_progress(options: BenchOptions) -> BenchReport:
         def update(what: str, done: int, total: int) -> None:
             progress.update(task, description=what, completed=done, total=total or None)
 
+        from swarm.bench import run_bench  # imports torch: only once a bench runs
         return run_bench(options, update)
 
 

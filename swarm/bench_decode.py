@@ -26,7 +26,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.decode_plan import MIN_PREFIX_TOKENS
 from engine.named_models import DEFAULT_MODEL
-from swarm.bench import BenchError, raise_errors, swarm_version
+from swarm.bench import raise_errors, swarm_version
+from swarm.bench_workload import BenchError
 from swarm.bench_workload import Workload, agreement, make_workload
 
 MODES = ("cascade", "plain")

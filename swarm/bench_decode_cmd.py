@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -10,8 +11,10 @@ from rich.table import Table
 
 from engine.named_models import DEFAULT_MODEL
 from swarm.bench_cmd import check_output_path, comma_ints
-from swarm.bench_decode import DecodeBenchOptions, DecodeBenchReport, run_decode_bench
 from swarm.kv_budget import format_bytes
+
+if TYPE_CHECKING:
+    from swarm.bench_decode import DecodeBenchReport
 
 
 def bench_decode(
@@ -36,6 +39,8 @@ def bench_decode(
 
     Example: swarm bench-decode --agents 8 --trunk 4096 --out decode.json
     """
+    from swarm.bench_decode import DecodeBenchOptions, run_decode_bench  # imports torch
+
     check_output_path("--out", out)
     options = DecodeBenchOptions(model, agents, comma_ints("--trunk", trunk), suffix, steps, device, dtype, seed)
     with Console(stderr=True).status("starting") as status:

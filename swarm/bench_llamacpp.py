@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
-from engine.loader import ModelSource
+from engine.model_source import ModelSource
 from swarm.bench_peers import PeerUnavailable
 from swarm.bench_workload import Measurement, Stopwatch, Workload
 

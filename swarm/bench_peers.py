@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine.loader import ModelSource
+from engine.model_source import ModelSource
 from swarm.bench_workload import Measurement, Stopwatch, Workload
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

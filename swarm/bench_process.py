@@ -25,7 +25,7 @@ import torch
 
 from engine import cpu_threads
 from engine.config import ModelConfig
-from engine.loader import ModelSource
+from engine.model_source import ModelSource
 from swarm.bench_peers import PeerUnavailable
 from swarm.bench_workload import SYSTEMS, Measurement, Workload
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from engine.errors import SwarmError
 from engine.named_models import DEFAULT_MODEL
 
 FIRST_ID = 3  # leave the usual special ids (unk, bos, eos) out of the random text
@@ -17,6 +18,10 @@ SYSTEMS = {"swarm": "swarm (sharing)", "swarm_no_sharing": "swarm (no sharing)",
            "hf": "transformers", "llamacpp": "llama.cpp"}
 PEERS = ("hf", "llamacpp")
 KV_SLACK_TOKENS = 64
+
+
+class BenchError(SwarmError):
+    exit_code = 2
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -12,7 +13,9 @@ from engine.errors import ModelLoadError, SwarmError
 from swarm.kv_budget import format_bytes, parse_kv_budget
 from swarm.memory_table import REFERENCE_TRUNKS
 from swarm.model_catalog import shipped_model_configs
-from swarm.prefix_report import PrefixReport, inspect_prefix
+
+if TYPE_CHECKING:
+    from swarm.prefix_report import PrefixReport
 
 STRICT_EXIT_CODE = 1
 
@@ -54,6 +57,8 @@ def inspect_prefix_cmd(
 
     Example: swarm inspect-prefix swarm.yaml --model-config Qwen3-8B --agents 8 --budget 8.09GB
     """
+    from swarm.prefix_report import inspect_prefix  # imports torch (the tokenizer and config loaders)
+
     try:
         report = inspect_prefix(spec, model_config, agents, _budget(budget), context, _references(references))
     except ModelLoadError as err:

@@ -5,18 +5,17 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from engine.errors import SpecError, SwarmError
-from swarm.dashboard import Dashboard, RemoteDashboard
-from swarm.orchestrator import SwarmRun
-from swarm.remote_run import RemoteSwarmRun
-from swarm.run_view import PlainView, RemotePlainView, RunView
 from swarm.spec import SwarmSpec, load_spec
 from swarm.stop_flag import StopFlag
-from swarm.trunk_fit import check_trunk_fits
+
+if TYPE_CHECKING:
+    from swarm.run_view import RunView
 
 
 def run(
@@ -40,6 +39,11 @@ def run(
     """
     swarm_spec = load_spec(spec)
     base = out_folder(swarm_spec, out)
+    # Past the spec's own checks: now the modules that import torch and openai (seconds of CPU).
+    from swarm.orchestrator import SwarmRun
+    from swarm.remote_run import RemoteSwarmRun
+    from swarm.trunk_fit import check_trunk_fits
+
     check_trunk_fits(swarm_spec, base)
     run_dir = new_run_dir(base, spec)
     stream = sys.stderr if as_json else sys.stdout
@@ -56,6 +60,9 @@ def run(
 
 
 def make_view(stream, tui: bool, remote: bool = False) -> RunView:
+    from swarm.dashboard import Dashboard, RemoteDashboard
+    from swarm.run_view import PlainView, RemotePlainView
+
     if tui:
         return (RemoteDashboard if remote else Dashboard)(Console(file=stream))
     return RemotePlainView(stream) if remote else PlainView(stream)

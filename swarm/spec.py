@@ -12,7 +12,7 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from engine.errors import ModelLoadError
-from engine.loader import resolve_model
+from engine.model_source import resolve_model
 from engine.named_models import NAMED_MODELS
 from swarm.backend_spec import ENGINE_ONLY_KEYS, BackendSpec, read_backend
 from swarm.harness import load_harness, resolve_harness

@@ -1,5 +1,6 @@
 import pytest
 
+from tests.engine.tiny_gguf import smollm2_or_skip
 from tests.engine.tiny_models import VARIANTS, make_tiny_model
 
 
@@ -15,6 +16,18 @@ def tiny_model_dir(tmp_path_factory):
         return built[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_in_transformers():
+    """transformers' own SmolLM2-135M-Instruct, read from the embedded GGUF in float32: the oracle.
+    Loaded once for every test file that needs it (the load takes about 20 s)."""
+    import torch
+    import transformers
+
+    path = smollm2_or_skip()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
 
 
 ALL_VARIANTS = list(VARIANTS)

@@ -71,8 +71,9 @@ def smollm2_ours(smollm2):
 
 
 @pytest.fixture(scope="module")
-def smollm2_transformers(smollm2):
-    return transformers_state_dict(smollm2)
+def smollm2_transformers(smollm2_in_transformers):
+    model = smollm2_in_transformers
+    return model, {name: tensor.float() for name, tensor in model.state_dict().items()}
 
 
 def test_smollm2_tensors_equal_transformers(smollm2_ours, smollm2_transformers):

@@ -1,7 +1,6 @@
 """The embedded default model, SmolLM2-135M-Instruct from its GGUF, against transformers
 loading the same file."""
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.named_models import DEFAULT_MODEL, NAMED_MODELS
@@ -24,12 +23,8 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def reference():
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(GGUF.parent), gguf_file=GGUF.name, torch_dtype=torch.float32)
-    return model.eval()
+def reference(smollm2_in_transformers):
+    return smollm2_in_transformers
 
 
 def test_greedy_32_tokens_equal_transformers(llm, reference):
