@@ -40,8 +40,6 @@ def run(
     swarm_spec = load_spec(spec)
     base = out_folder(swarm_spec, out)
     # Past the spec's own checks: now the modules that import torch and openai (seconds of CPU).
-    from swarm.orchestrator import SwarmRun
-    from swarm.remote_run import RemoteSwarmRun
     from swarm.trunk_fit import check_trunk_fits
 
     check_trunk_fits(swarm_spec, base)
@@ -49,7 +47,7 @@ def run(
     stream = sys.stderr if as_json else sys.stdout
     remote = swarm_spec.backend.is_remote
     view = make_view(stream, tui=not no_tui and stream.isatty(), remote=remote)
-    runner = RemoteSwarmRun if remote else SwarmRun
+    runner = runner_class(remote)
     stop = StopFlag()
     with stop.installed():
         summary = runner(swarm_spec, run_dir, view, stop).run()
@@ -57,6 +55,15 @@ def run(
         print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
     if summary["status"] == "interrupted":
         raise typer.Exit(stop.exit_code)
+
+
+def runner_class(remote: bool):
+    """The run for a spec's backend: swarm's own engine, or an OpenAI-compatible server."""
+    if remote:
+        from swarm.remote_run import RemoteSwarmRun
+        return RemoteSwarmRun
+    from swarm.orchestrator import SwarmRun
+    return SwarmRun
 
 
 def make_view(stream, tui: bool, remote: bool = False) -> RunView:

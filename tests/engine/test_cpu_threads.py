@@ -16,6 +16,8 @@ ROOT = Path(__file__).parents[2]
 OURS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
 PRINT_THREADS = "import engine, torch; print(torch.get_num_threads())"
+LOAD_RUNTIME = "import engine, torch"   # engine first, as swarm's modules do; torch loads the runtime
+INSPECT = ["inspect-prefix", "swarm.yaml.example", "--json"]   # a command that loads torch, not the weights
 
 
 def user_environment(**settings: str) -> dict[str, str]:
@@ -40,7 +42,7 @@ def runtime_settings(stderr: str) -> dict[str, str]:
 
 
 def test_idle_threads_sleep_at_once_instead_of_spinning():
-    settings = runtime_settings(run([sys.executable, "-c", "import engine"], user_environment()).stderr)
+    settings = runtime_settings(run([sys.executable, "-c", LOAD_RUNTIME], user_environment()).stderr)
     assert settings["OMP_WAIT_POLICY"] == "PASSIVE"
     assert settings["GOMP_SPINCOUNT"] == "0"   # libgomp's own default: 300000 rounds
 
@@ -50,9 +52,9 @@ def test_the_swarm_command_runs_one_thread_per_core_it_may_use():
     swarm = shutil.which("swarm")
     assert swarm, "the swarm command is not installed (pip install -e .)"
     first = min(os.sched_getaffinity(0))
-    settings = runtime_settings(run([swarm, "models"], user_environment(), cores={first}).stderr)
+    settings = runtime_settings(run([swarm, *INSPECT], user_environment(), cores={first}).stderr)
     assert (settings["OMP_NUM_THREADS"], settings["GOMP_SPINCOUNT"]) == ("1", "0")
-    everything = runtime_settings(run([swarm, "models"], user_environment()).stderr)
+    everything = runtime_settings(run([swarm, *INSPECT], user_environment()).stderr)
     assert everything["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
 
 
@@ -69,7 +71,7 @@ def test_the_users_own_settings_win():
     settings = runtime_settings(done.stderr)
     assert (settings["OMP_NUM_THREADS"], settings["OMP_WAIT_POLICY"]) == ("1", "ACTIVE")
     assert done.stdout.split() == ["1"]
-    spin = runtime_settings(run([sys.executable, "-c", "import engine"], user_environment(GOMP_SPINCOUNT="1000")).stderr)
+    spin = runtime_settings(run([sys.executable, "-c", LOAD_RUNTIME], user_environment(GOMP_SPINCOUNT="1000")).stderr)
     assert spin["GOMP_SPINCOUNT"] == "1000"   # a spin count of the user's keeps the runtime's own waiting
 
 

@@ -255,7 +255,8 @@ def test_the_wall_time_cuts_a_turn_short_and_the_run_says_wall_time(tmp_path, mo
 
 def test_the_local_runner_stays_the_default():
     from swarm import run_cmd
-    assert run_cmd.RemoteSwarmRun is RemoteSwarmRun and run_cmd.SwarmRun is SwarmRun
+    assert run_cmd.runner_class(remote=False) is SwarmRun
+    assert run_cmd.runner_class(remote=True) is RemoteSwarmRun
 
 
 def test_the_servers_refusals_become_errors_that_say_what_to_fix(scripted_server):
