@@ -1,7 +1,8 @@
-"""swarm's inference engine: paged, shared KV cache behind vLLM's API.
+"""swarm's inference engine: paged, shared KV cache behind vLLM's API. Everything the app uses is
+exported here; the app imports `from engine import ...` and nothing below it (tests/test_layers.py).
 
-The public names load on first use (PEP 562), so that `import engine.errors` or a CLI usage error
-does not pay for importing torch (about 2 s of CPU).
+The names load on first use (PEP 562), so that a CLI usage error or `import engine` for an error
+type does not pay for importing torch (about 2 s of CPU).
 """
 from importlib import import_module
 
@@ -9,11 +10,23 @@ from engine.cpu_threads import configure_openmp
 
 configure_openmp()   # before anything imports torch: its OpenMP runtime reads its settings as it loads
 
-_EXPORTS = {
-    "LLM": "engine.llm",
-    "RequestOutput": "engine.llm",
-    "SamplingParams": "engine.sampling",
+_PUBLIC = {   # the module that defines them -> the names exported here
+    "engine.llm": ("LLM", "RequestOutput"),
+    "engine.sampling": ("SamplingParams",),
+    "engine.llm_engine": ("LLMEngine", "EngineOptions", "StepResult", "pick_device", "pick_dtype"),
+    "engine.async_engine": ("AsyncEngine", "EngineSnapshot", "GenerationDelta", "RequestFailed"),
+    "engine.kv.stats": ("KVStats", "RequestKV"),
+    "engine.sequence": ("Sequence",),
+    "engine.loading.tokenizer": ("Tokenizer",),
+    "engine.loading.config": ("ModelConfig", "DTYPE_BYTES"),
+    "engine.loading.loader": ("load_model_config", "load_tokenizer"),
+    "engine.loading.model_source": ("ModelSource", "resolve_model"),
+    "engine.loading.named_models": ("DEFAULT_MODEL", "NAMED_MODELS"),
+    "engine.attention.plan": ("MIN_PREFIX_TOKENS",),
+    "engine.cpu_threads": ("environment_without_ours", "wait_settings"),
+    "engine.errors": ("SwarmError", "ModelLoadError", "UnsupportedArchitectureError", "OptionError", "SpecError"),
 }
+_EXPORTS = {name: module for module, names in _PUBLIC.items() for name in names}
 
 __all__ = list(_EXPORTS)
 

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-from engine.kv_stats import KVStats
+from engine.kv.stats import KVStats
 from engine.llm_engine import LLMEngine, StepResult
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence, SequenceStatus

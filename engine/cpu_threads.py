@@ -1,7 +1,7 @@
 """The CPU threads the engine computes with, and how they wait for each other.
 
 torch's own ops, oneDNN's matmuls and swarm's C kernels all run on one OpenMP runtime (torch's
-libgomp; kernels/native.py links the kernels to it). That runtime reads its settings once, as it
+libgomp; kernels/cpu/native.py links the kernels to it). That runtime reads its settings once, as it
 loads, which is when torch is imported: `configure_openmp()` runs before that (engine/__init__.py
 calls it first) and sets, where the user has not set them:
 

@@ -27,5 +27,3 @@ class SpecError(SwarmError):
     exit_code = 2
 
 
-class RequestTooLargeError(SwarmError):
-    """A request that can never fit in the KV pool."""

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kv_stats import KVStats
+from engine.kv.stats import KVStats
 from engine.llm_engine import EngineOptions, LLMEngine
-from engine.named_models import DEFAULT_MODEL
+from engine.loading.named_models import DEFAULT_MODEL
+from engine.loading.tokenizer import Tokenizer
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

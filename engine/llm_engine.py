@@ -6,17 +6,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.block_pool import BlockPool
 from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
-from engine.kv_cache import KVCache, blocks_for_budget
-from engine.kv_stats import KVStats, collect_stats
-from engine.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
+from engine.kv.block_manager import BlockManager
+from engine.kv.block_pool import BlockPool
+from engine.kv.cache import KVCache, blocks_for_budget
+from engine.kv.stats import KVStats, collect_stats
+from engine.loading.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
 from engine.model_runner import ModelRunner, attach_quantized, build_model, pack_weights
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from kernels.backend import attention_ops
 
 DEFAULT_CPU_KV_TOKENS = 65536
 GPU_MEMORY_FRACTION = 0.85
@@ -144,13 +145,34 @@ class LLMEngine:
         seqs = [s for s in self.live.values() if s.block_table]
         return collect_stats(self.blocks, seqs, self.runner.kv.block_bytes, self.runner.tokens_computed)
 
-    def kv_bytes_in_use(self) -> int:
-        """Pool usage in O(1), for sampling every step."""
-        return self.blocks.pool.num_in_use * self.runner.kv.block_bytes
-
     @property
     def tokens_computed(self) -> int:
         return self.runner.tokens_computed
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        """Prompt tokens run through the model so far (prefill rows; decode rows are not counted)."""
+        return self.runner.prompt_tokens_computed
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the whole KV pool holds."""
+        pool = self.blocks.pool
+        return pool.num_blocks * pool.block_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token takes, measured on the pool's own tensors."""
+        return self.runner.kv.bytes_per_token
+
+    def use_cascade(self, on: bool) -> None:
+        """Cascade attention on or off for the next steps (the decode bench compares the two)."""
+        self.runner.use_cascade(on)
+
+    def kernels(self) -> dict[str, object]:
+        """Which kernels run: the attention set, the quantized decode bytes and the matmul library."""
+        return {"attention": attention_ops(self.device).name, "quantized_decode_bytes": self.quantized_bytes,
+                "matmuls": "onednn" if self.onednn_weights else "torch"}
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:
         chosen = [seqs[r] for r in rows]

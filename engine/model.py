@@ -1,7 +1,7 @@
 """The decoder-only transformer of the Llama family (Llama, Mistral, Qwen2, Qwen3), in plain PyTorch.
 
 Tokens of all sequences in a step are packed into one flat batch; attention reads and
-writes the paged KV pool through `kernels.paged_attention`.
+writes the paged KV pool through `kernels.reference.paged_attention`.
 """
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.decode_plan import DecodePlan
-from engine.kv_cache import KVCache
-from kernels import cascade_prefill, fused_ops, onednn_linear, paged_attention, quant_matmul
+from engine.attention.plan import DecodePlan
+from engine.kv.cache import KVCache
+from engine.loading.config import ModelConfig
 from kernels.backend import AttentionOps, attention_ops
-from kernels.quant_matmul import QuantizedWeight
+from kernels.cpu import cascade_prefill, fused_ops, onednn_linear, quant_matmul
+from kernels.cpu.quant_matmul import QuantizedWeight
+from kernels.reference import paged_attention
 
 
 @dataclass(slots=True)
@@ -38,7 +39,7 @@ FEW_ROWS = 64
 
 class Linear(nn.Linear):
     """nn.Linear, except on a CPU. Where the file's quantized blocks are attached (`quantized`), a
-    few rows (decode) are multiplied straight from them (kernels.quant_matmul). Where the weight is
+    few rows (decode) are multiplied straight from them (kernels.cpu.quant_matmul). Where the weight is
     in oneDNN's layout (`packed`, see engine.model_runner.pack_weights), oneDNN multiplies the rest.
     Otherwise a few rows are computed as weight @ x.T: CPU BLAS then picks a kernel that streams the
     weight faster (SmolLM2, 8 rows, all layers: 67 -> 50 ms per step; lm_head alone 19 -> 8.6 ms)."""

@@ -4,15 +4,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.decode_plan import MIN_PREFIX_TOKENS, plan_decode, plan_prefill
+from engine.attention.plan import MIN_PREFIX_TOKENS, plan_decode, plan_prefill
 from engine.errors import ModelLoadError
-from engine.kv_cache import KVCache
+from engine.kv.cache import KVCache
+from engine.loading.config import ModelConfig
 from engine.model import AttentionBatch, CausalLM, Linear, RotaryEmbedding
 from engine.scheduler import ScheduledBatch
-from kernels import onednn_linear, quant_matmul
 from kernels.backend import attention_ops
-from kernels.quant_matmul import QuantizedWeight
+from kernels.cpu import onednn_linear, quant_matmul
+from kernels.cpu.quant_matmul import QuantizedWeight
 
 
 def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
@@ -57,7 +57,7 @@ def attach_quantized(model: CausalLM, quantized: dict[str, QuantizedWeight]) -> 
 
 
 def pack_weights(model: CausalLM, rows: int) -> int:
-    """Puts each Linear's float32 CPU weight in oneDNN's layout (kernels.onednn_linear), in place of
+    """Puts each Linear's float32 CPU weight in oneDNN's layout (kernels.cpu.onednn_linear), in place of
     the plain one, for steps of about `rows` rows; an lm_head tied to the embedding keeps the plain
     layout the embedding reads. The number of weights packed (0 where oneDNN is not there)."""
     if not onednn_linear.available():
@@ -105,7 +105,8 @@ class ModelRunner:
             positions += span
             slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in span]
             context_lens.append(start + n)
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
+        def as_tensor(values):
+            return torch.tensor(values, dtype=torch.long, device=self.device)
         attention = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new))
         tables = [seq.block_table for seq in batch.seqs]
         # a prefill's last tokens attend like decode rows in the last layer (CausalLM.forward's rows)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockCopy, BlockManager
-from engine.block_pool import common_prefix
+from engine.kv.block_manager import BlockCopy, BlockManager
+from engine.kv.block_pool import common_prefix
 from engine.sequence import Sequence, SequenceStatus
 
 

@@ -4,16 +4,16 @@
                                           build of torch) and triton imports; on a CPU,
                                           native (or sdpa without a C compiler); else torch
                               native:     both halves of the cascade, and prefill, in C
-                                          (kernels.native_attention); auto's choice on
+                                          (kernels.cpu.native_attention); auto's choice on
                                           a CPU where a C compiler works
-                              sdpa:       torch's fused CPU attention (kernels.sdpa_attention)
+                              sdpa:       torch's fused CPU attention (kernels.cpu.sdpa_attention)
                               torch:      always the PyTorch reference path
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
                                           (the interpreter, slow: for tests)
 
-Prefill attention runs in C with native (kernels/rows_attention.c), elsewhere on torch's SDPA;
+Prefill attention runs in C with native (kernels/cpu/csrc/rows_attention.c), elsewhere on torch's SDPA;
 with native and sdpa, prompts that continue one cached trunk attend to it together
-(kernels.cascade_prefill).
+(kernels.cpu.cascade_prefill).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import SwarmError
-from kernels import cascade_attention, native_attention, paged_attention, sdpa_attention
+from kernels.cpu import native_attention, sdpa_attention
+from kernels.reference import cascade_attention, paged_attention
 
 BACKEND_ENV = "SWARM_ATTENTION_BACKEND"
 CHOICES = ("auto", "torch", "sdpa", "native", "triton")
@@ -37,7 +38,7 @@ class AttentionBackendError(SwarmError):
 
 @dataclass(frozen=True, slots=True)
 class AttentionOps:
-    """The decode-step kernels, one implementation set (see kernels.cascade_attention)."""
+    """The decode-step kernels, one implementation set (see kernels.reference.cascade_attention)."""
 
     name: str
     write_kv: Callable[..., None]
@@ -98,7 +99,8 @@ def _native_ops(device_type: str) -> AttentionOps:
 
 
 def _triton_ops() -> AttentionOps:
-    from kernels import triton_attention     # imported late: TRITON_INTERPRET is read when kernels are defined
+    # imported late: TRITON_INTERPRET is read when the kernels are defined
+    from kernels.triton import attention as triton_attention
 
     return AttentionOps("triton", triton_attention.write_kv, triton_attention.paged_decode_with_lse,
                         triton_attention.prefix_attention, triton_attention.merge_attention)

@@ -1,7 +1,7 @@
 import pytest
 
-from tests.engine.tiny_gguf import smollm2_or_skip
-from tests.engine.tiny_models import VARIANTS, make_tiny_model
+from tests.helpers.tiny_gguf import smollm2_or_skip
+from tests.helpers.tiny_models import VARIANTS, make_tiny_model
 
 
 @pytest.fixture(scope="session")

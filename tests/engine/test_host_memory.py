@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import host_memory
-from tests.engine.tiny_models import make_tiny_model
+from tests.helpers.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).parents[2]
 CHURN = """

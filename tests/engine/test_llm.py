@@ -43,7 +43,8 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
 @pytest.mark.parametrize("backend_name", ["sdpa", "native"])
 def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cpu_backend(
         backend_name, monkeypatch, tiny_model_dir):
-    from kernels import backend, cascade_prefill, native_attention
+    from kernels import backend
+    from kernels.cpu import cascade_prefill, native_attention
 
     if backend_name == "native" and not native_attention.available():
         pytest.skip("no C compiler here")
@@ -62,7 +63,8 @@ def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cp
 
 
 def test_the_native_backend_prefills_in_c_with_the_tokens_sdpa_gives(monkeypatch, tiny_model_dir):
-    from kernels import backend, native_attention
+    from kernels import backend
+    from kernels.cpu import native_attention
 
     if not native_attention.available():
         pytest.skip("no C compiler here")

@@ -4,7 +4,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
-from tests.engine.tiny_models import load_reference, reference_greedy
+from tests.helpers.tiny_models import load_reference, reference_greedy
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 8, 13, 21, 34, 55, 89, 144, 233, 19, 23, 29, 31, 37]
 
@@ -57,7 +57,7 @@ def test_bfloat16_runs_and_stays_close_to_float32(tiny_model_dir):
 
 
 def test_cpu_float32_weights_are_multiplied_by_onednn_and_the_tied_lm_head_keeps_the_embeddings(tiny_model_dir):
-    from kernels import onednn_linear
+    from kernels.cpu import onednn_linear
     if not onednn_linear.available():
         pytest.skip("this torch build has no oneDNN linear")
     folder = str(tiny_model_dir("llama-tied"))

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
-from engine.block_manager import BlockManager
-from engine.block_pool import BlockPool
+from engine.kv.block_manager import BlockManager
+from engine.kv.block_pool import BlockPool
 from engine.llm_engine import EngineOptions, LLMEngine
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus

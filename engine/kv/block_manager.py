@@ -1,0 +1,145 @@
+"""Sequence-level KV block bookkeeping on top of the block pool.
+
+The protocol the scheduler follows for every sequence:
+    blocks_to_admit  how many free blocks admitting it and writing its first n tokens will take
+    admit()          share the longest cached prefix of its tokens (no compute for it)
+    blocks_to_write  how many free blocks writing the next n tokens will take
+    writable_tokens  how many of its next tokens the free blocks can hold
+    prepare_write()  grow the block table; copy a shared block before writing into it
+    commit_written() make the freshly written tokens findable by other requests
+    fork() / free()  share every block with a new sequence / drop this one's references
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.kv.block_pool import ROOT_HASH, BlockPool
+from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class BlockCopy:
+    src: int
+    dst: int
+
+
+class BlockManager:
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True):
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.lookup_tokens = 0
+        self.hit_tokens = 0
+
+    def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
+        """Cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        blocks, matched, parent = [], 0, ROOT_HASH
+        limit = len(token_ids) - 1
+        while matched < limit:
+            chunk = token_ids[matched:min(matched + self.block_size, limit)]
+            block_id, n = self.pool.longest_match(parent, chunk)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+            matched += n
+            if n < self.block_size:
+                break
+            parent = self.pool.block_hash(block_id)
+        return blocks, matched
+
+    def blocks_to_admit(self, seq: Sequence, num_new: int) -> int:
+        """Free blocks taken by admitting `seq` and writing up to `num_new` tokens after its cached prefix."""
+        blocks, matched = self.match_prefix(seq.token_ids)
+        num_new = min(num_new, len(seq.token_ids) - matched)
+        revived = sum(1 for b in blocks if self.pool.ref_count(b) == 0 and self.pool.blocks[b].pins == 0)
+        return revived + self._blocks_for(len(blocks), matched, num_new, shared_last=bool(blocks))
+
+    def admit(self, seq: Sequence) -> None:
+        assert not seq.block_table
+        blocks, matched = self.match_prefix(seq.token_ids)
+        for block_id in blocks:
+            self.pool.acquire(block_id)
+        seq.block_table = blocks
+        seq.num_computed_tokens = matched
+        seq.num_cached_tokens = matched
+        self.lookup_tokens += len(seq.token_ids)
+        self.hit_tokens += matched
+
+    def blocks_to_write(self, seq: Sequence, num_new: int) -> int:
+        return self._blocks_for(len(seq.block_table), seq.num_computed_tokens, num_new,
+                                self._must_copy_last(seq))
+
+    def writable_tokens(self, seq: Sequence) -> int:
+        blocks = self.pool.num_free - (1 if self._must_copy_last(seq) else 0)
+        return max(0, (len(seq.block_table) + blocks) * self.block_size - seq.num_computed_tokens)
+
+    def prepare_write(self, seq: Sequence, num_new: int) -> list[BlockCopy]:
+        """Make the table cover the next `num_new` tokens; returns the copies to run first."""
+        copies = []
+        start = seq.num_computed_tokens
+        if self._must_copy_last(seq):
+            copies.append(self._copy_on_write(seq))
+        needed = -(-(start + num_new) // self.block_size)
+        while len(seq.block_table) < needed:
+            seq.block_table.append(self.pool.allocate())
+        for block_id in seq.block_table[start // self.block_size:needed]:
+            assert self.pool.ref_count(block_id) == 1, f"write into shared block {block_id}"
+        return copies
+
+    def commit_written(self, seq: Sequence, num_new: int) -> None:
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens = start + num_new
+        if not self.enable_prefix_caching:
+            return
+        size = self.block_size
+        for index in range(start // size, -(-seq.num_computed_tokens // size)):
+            parent = ROOT_HASH if index == 0 else self.pool.block_hash(seq.block_table[index - 1])
+            tokens = seq.token_ids[index * size:min((index + 1) * size, seq.num_computed_tokens)]
+            self.pool.record_tokens(seq.block_table[index], parent, tokens)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` shares every block of `parent`, the partly filled last block included."""
+        assert not child.block_table
+        for block_id in parent.block_table:
+            self.pool.acquire(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_computed_tokens
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            self.pool.release(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def pin(self, seq: Sequence) -> list[int]:
+        for block_id in seq.block_table:
+            self.pool.pin(block_id)
+        return list(seq.block_table)
+
+    def unpin(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self.pool.unpin(block_id)
+
+    def _must_copy_last(self, seq: Sequence) -> bool:
+        """Writing continues inside the last block: copy it if another sequence reads it, or
+        if it is findable for more tokens than this sequence keeps (they must not change)."""
+        offset = seq.num_computed_tokens % self.block_size
+        if not offset:
+            return False
+        last = seq.block_table[-1]
+        return self.pool.is_shared(last) or self.pool.num_recorded(last) > offset
+
+    def _copy_on_write(self, seq: Sequence) -> BlockCopy:
+        old = seq.block_table[-1]
+        new = self.pool.allocate()
+        self.pool.release(old)
+        seq.block_table[-1] = new
+        return BlockCopy(src=old, dst=new)
+
+    def _blocks_for(self, have: int, computed: int, num_new: int, shared_last: bool) -> int:
+        needed = -(-(computed + num_new) // self.block_size)
+        cow = 1 if computed % self.block_size and shared_last else 0
+        return max(0, needed - have) + cow

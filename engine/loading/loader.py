@@ -1,0 +1,98 @@
+"""Find a model (named, Hugging Face folder, or GGUF file) and read its parts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from engine.errors import ModelLoadError
+from engine.loading.config import ModelConfig
+from engine.loading.model_source import ModelSource, resolve_model
+from engine.loading.tokenizer import Tokenizer
+from kernels.cpu.quant_matmul import QuantizedWeight
+
+
+def load_model_config(ref: str | ModelSource) -> ModelConfig:
+    source = _source(ref)
+    if source.kind == "hf":
+        config = ModelConfig.from_file(source.path / "config.json")
+        config.eos_token_ids = _generation_eos(source.path) or config.eos_token_ids
+        return config
+    from engine.loading.gguf_file import read_gguf_config
+    return ModelConfig.from_dict(read_gguf_config(source.path))
+
+
+def load_tokenizer(ref: str | ModelSource) -> Tokenizer:
+    source = _source(ref)
+    if source.kind == "hf":
+        config = load_model_config(source)
+        return Tokenizer.from_hf_folder(source.path, eos_token_ids=config.eos_token_ids)
+    from engine.loading.gguf_file import read_gguf_tokenizer
+    return read_gguf_tokenizer(source.path)
+
+
+def load_weights(ref: str | ModelSource) -> dict[str, torch.Tensor]:
+    """All parameters under Hugging Face names."""
+    source = _source(ref)
+    if source.kind == "gguf":
+        from engine.loading.gguf_file import read_gguf_tensors
+        return read_gguf_tensors(source.path)
+    weights: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(source.path):
+        try:
+            weights.update(load_file(str(file)))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ModelLoadError(f"{file}: corrupt safetensors file ({_first_line(err)})") from None
+    return weights
+
+
+def load_quantized_weights(ref: str | ModelSource) -> dict[str, QuantizedWeight]:
+    """The matrices a GGUF file stores in blocks the quantized decode kernel reads, under Hugging
+    Face names; none for a Hugging Face folder."""
+    source = _source(ref)
+    if source.kind != "gguf":
+        return {}
+    from engine.loading.gguf_file import read_gguf_quantized
+    return read_gguf_quantized(source.path)
+
+
+def _source(ref: str | ModelSource) -> ModelSource:
+    return ref if isinstance(ref, ModelSource) else resolve_model(ref)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError):
+            raise ModelLoadError(f"{index}: not a valid safetensors index (needs a weight_map)") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no model.safetensors; the folder needs the model weights")
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise ModelLoadError(f"{folder}: shard {missing[0]} listed in the index is missing")
+    return files
+
+
+def _generation_eos(folder: Path) -> list[int]:
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return []
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError:
+        raise ModelLoadError(f"{path}: not valid JSON") from None
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, list) else [eos]
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -1,0 +1,2 @@
+"""CPU kernels: the C sources in csrc/, built once per machine and loaded by native.py; cascade decode and prefill
+attention in C or on torch's fused CPU attention; RMSNorm and rotary; the quantized decode matmul; oneDNN matmuls."""

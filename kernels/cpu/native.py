@@ -1,0 +1,159 @@
+"""Builds the C kernels next to this file once per machine and loads them with ctypes.
+
+The shared library is cached under $SWARM_CACHE_DIR (default ~/.cache/swarm) by a hash of
+the source (with the headers beside it), the flags, the compiler and this CPU, so later runs
+load it in milliseconds. Where no C compiler works, `load` returns None and the callers keep
+their PyTorch path.
+
+The kernels run their parallel loops on torch's OpenMP runtime, not on a second one of their own:
+two runtimes are two pools of threads, each sized to every core and each spinning while it waits,
+on the same cores. A compiler links -fopenmp code against its own libgomp.so.1, and a torch wheel
+may bundle a copy under another name (libgomp-<hash>.so.1): so the kernels are linked against the
+very file torch runs on (`openmp_runtime`), found by where its omp_get_max_threads lives.
+
+    CC   the compiler to use (default: cc, then gcc, then clang)
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
+SOURCE_DIR = Path(__file__).parent / "csrc"
+
+
+def cache_dir() -> Path:
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = os.environ.get("SWARM_CACHE_DIR") or user_cache / "swarm"
+    return Path(root) / "kernels"
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
+    headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
+    source = (SOURCE_DIR / f"{name}.c").read_bytes() + headers
+    compiler = _compiler()
+    if compiler is None:
+        warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
+        return None
+    target = cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    for _ in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
+        error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", target)
+        if error:
+            break
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError as err:
+            error = str(err)
+            target.unlink(missing_ok=True)
+    warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
+    return None
+
+
+def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
+    """`load(name)` with each function's (argument types, return type) declared: without them
+    ctypes passes every integer as a C int and cannot pass floats."""
+    lib = load(name)
+    return None if lib is None else declare(lib, signatures)
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    for function, (argtypes, restype) in signatures.items():
+        getattr(lib, function).argtypes = argtypes
+        getattr(lib, function).restype = restype
+    return lib
+
+
+@functools.cache
+def openmp_runtime() -> Path | None:
+    """The file of the OpenMP runtime torch runs on (torch/lib/libgomp*.so.1 in a pip wheel), or
+    None where torch has none or the C library cannot say (dladdr is glibc's and macOS's)."""
+    try:
+        torch_c = ctypes.CDLL(torch._C.__file__)   # already loaded: this only gets a handle on it
+        function = ctypes.cast(torch_c.omp_get_max_threads, ctypes.c_void_p)
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return None
+    info = _DlInfo()
+    if not dladdr(function, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return Path(os.fsdecode(info.dli_fname)).resolve()
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def link_flags() -> tuple[str, ...]:
+    """Linker arguments that put the kernels on torch's OpenMP runtime: its file, found again at
+    load through the rpath, comes before the -lgomp that -fopenmp adds, which --as-needed drops."""
+    runtime = openmp_runtime()
+    if runtime is None or not sys.platform.startswith("linux"):
+        return ()
+    return ("-Wl,--as-needed", str(runtime), f"-Wl,-rpath,{runtime.parent}")
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    return None
+
+
+def _build_key(source: bytes, compiler: str) -> str:
+    parts = [source, " ".join(FLAGS + link_flags()).encode(), compiler.encode(), _compiler_version(compiler).encode(),
+             platform.machine().encode(), _cpu_flags().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@functools.cache
+def _cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
+
+
+def _build(compiler: str, source: Path, target: Path) -> str | None:
+    """Compiles to a temporary file and renames it into place, so a half-written library is never loaded."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+        os.close(fd)
+    except OSError as err:
+        return f"cannot write to {target.parent}: {err.strerror or err}; set SWARM_CACHE_DIR"
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(source), *link_flags(), "-o", partial], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            return lines[0] if lines else f"exit code {done.returncode}"
+        os.replace(partial, target)
+        return None
+    except (OSError, subprocess.SubprocessError) as err:
+        return str(err)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

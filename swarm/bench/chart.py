@@ -1,0 +1,94 @@
+"""`swarm bench --plot`: the PNG. Per trunk length, a column of two panels:
+
+    KV held at peak, two bars per N (shared trunk vs. a copy per agent), as in the article;
+    end-to-end wall time of every other system over swarm-with-sharing's, per N.
+
+matplotlib is optional (`pip install 'swarm-llm[bench]'`); the bench runs without it.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from engine import SwarmError
+from swarm.bench.report import BenchReport, ConfigResult
+from swarm.bench.workload import SYSTEMS
+from swarm.spec.kv_budget import format_bytes
+
+KB, MB = 1e3, 1e6
+COLORS = {"swarm": "#2a7ab0", "swarm_no_sharing": "#c8553d", "hf": "#e3a33b", "llamacpp": "#6a8d3a"}
+
+
+class ChartError(SwarmError):
+    exit_code = 2
+
+
+def require_matplotlib() -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ChartError("--plot needs matplotlib: pip install 'swarm-llm[bench]' (or pip install matplotlib)")
+
+
+def write_chart(report: BenchReport, path: Path) -> Path:
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trunks = list(dict.fromkeys(c.trunk for c in report.configs))
+    fig, axes = plt.subplots(2, len(trunks), figsize=(4.6 * len(trunks) + 1.2, 8), squeeze=False)
+    for col, trunk in enumerate(trunks):
+        configs = [c for c in report.configs if c.trunk == trunk]
+        _kv_panel(axes[0][col], configs, trunk)
+        _ratio_panel(axes[1][col], configs)
+    o = report.options
+    fig.suptitle(f"swarm bench: {Path(o.model).name} on {report.device} ({report.dtype})\n"
+                 f"N agents, shared trunk, {o.suffix}-token suffix and {o.new_tokens} new tokens each")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _kv_panel(ax, configs: list[ConfigResult], trunk: int) -> None:
+    xs = range(len(configs))
+    largest = max(_value(c, "swarm_no_sharing", "kv_bytes_peak") for c in configs)
+    unit, scale = ("MB", MB) if largest >= MB else ("KB", KB)
+    for offset, name, label in ((-0.2, "swarm", "trunk stored once (swarm)"),
+                                (0.2, "swarm_no_sharing", "a trunk copy per agent")):
+        values = [_value(c, name, "kv_bytes_peak") for c in configs]
+        bars = ax.bar([x + offset for x in xs], [v / scale for v in values], width=0.4, label=label,
+                      color=COLORS[name])
+        ax.bar_label(bars, labels=[format_bytes(v) if v else "" for v in values], fontsize=7, padding=1)
+    ax.set_xticks(list(xs), [f"N={c.agents}" for c in configs])
+    ax.set_ylabel(f"KV held at peak ({unit})")
+    ax.set_title(f"KV memory, trunk {trunk:,} tokens")
+    ax.set_ylim(0, largest / scale * 1.2 or 1)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _ratio_panel(ax, configs: list[ConfigResult]) -> None:
+    peers = [name for name in SYSTEMS if name != "swarm" and any(_ok(c, name) for c in configs)]
+    width, highest = 0.8 / max(1, len(peers)), 1.0
+    for i, name in enumerate(peers):
+        xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
+        ratios = [c.systems[name].ratios.get("wall_s") or 0 if _ok(c, name) else 0 for c in configs]
+        bars = ax.bar(xs, ratios, width=width, label=SYSTEMS[name], color=COLORS[name])
+        ax.bar_label(bars, labels=[f"{r:.2f}×" if r else "" for r in ratios], fontsize=7, padding=1)
+        highest = max([highest, *ratios])
+    ax.axhline(1.0, color=COLORS["swarm"], linewidth=1, linestyle="--", label="swarm (sharing) = 1")
+    ax.set_ylim(0, highest * 1.35)
+    ax.set_xticks(range(len(configs)), [f"N={c.agents}" for c in configs])
+    ax.set_ylabel("wall time / swarm (sharing)")
+    ax.set_title("End-to-end time, relative (higher: slower)")
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def _ok(config: ConfigResult, name: str) -> bool:
+    result = config.systems.get(name)
+    return result is not None and result.measurement is not None
+
+
+def _value(config: ConfigResult, name: str, metric: str) -> float:
+    return config.systems[name].measurement.metric(metric) if _ok(config, name) else 0.0

@@ -1,0 +1,103 @@
+"""From a spec to agents ready to start: workspaces and tool boxes for every backend
+(`prepare_ground`), prompts and `Agent`s for the local engine (`set_up_agents`).
+
+    <run>/workspaces/<agent>/   each agent's copy of the project (mode "copy")
+    prompts                     the canonical trunk + each agent's suffix (swarm/trunk/canonical.py)
+    ToolBox                     the harness's tools that swarm implements, confined to the workspace
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from engine import SamplingParams, SpecError, Tokenizer
+from swarm.agents.agent import Agent, AgentEvent, AgentLimits
+from swarm.agents.tool_response import ToolResponseFormat
+from swarm.agents.tools import TOOLS, ToolBox
+from swarm.agents.workspace import Workspace, prepare_workspace
+from swarm.spec.harness import load_harness
+from swarm.spec.schema import AgentSpec, SwarmSpec
+from swarm.trunk.canonical import PromptSet, TrunkSource, build_prompts, trunk_source
+from swarm.trunk.suffix import Environment, first_user_message
+
+TURN_STOP = ["</tool_call>"]
+"""A turn ends right after its tool call: the harness asks for one call per turn."""
+
+
+@dataclass(slots=True)
+class SwarmGround:
+    """What every backend starts from: the trunk's rules and tools, each agent's workspace and
+    environment, and the tools swarm runs for it."""
+
+    source: TrunkSource
+    tool_names: list[str]
+    workspaces: dict[str, Workspace]
+    environments: dict[str, Environment]
+
+    def toolbox(self, spec: SwarmSpec, agent: str) -> ToolBox:
+        names = [name for name in self.tool_names if name in TOOLS]
+        return ToolBox(self.workspaces[agent], names, allow_commands="run_command" in names,
+                       max_command_timeout=spec.run_command.timeout)
+
+
+@dataclass(slots=True)
+class SwarmSetup:
+    prompts: PromptSet
+    agents: list[Agent]
+    workspaces: dict[str, Workspace]
+    environments: dict[str, Environment]
+
+
+def prepare_ground(spec: SwarmSpec, run_dir: Path) -> SwarmGround:
+    source = trunk_source(load_harness(spec.harness), spec)
+    tool_names = [segment.tool["function"]["name"] for segment in source.tools]
+    _check_commands(spec, tool_names)
+    workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
+    now = datetime.now(timezone.utc)
+    environments = {name: Environment.detect(ws.root, now) for name, ws in workspaces.items()}
+    return SwarmGround(source, tool_names, workspaces, environments)
+
+
+def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_dir: Path,
+                  emit: Callable[[AgentEvent], None]) -> SwarmSetup:
+    ground = prepare_ground(spec, run_dir)
+    prompts = build_prompts(tokenizer, ground.source, spec.agents, ground.environments)
+    responses = ToolResponseFormat(tokenizer)
+    limits = AgentLimits(spec.limits.max_turns, spec.limits.max_tokens, max_context)
+    agents = [Agent(agent_spec.name, prompt.prompt_ids, ground.toolbox(spec, agent_spec.name), responses,
+                    sampling_params(spec, index), limits, emit)
+              for index, (agent_spec, prompt) in enumerate(zip(spec.agents, prompts.agents))]
+    return SwarmSetup(prompts, agents, ground.workspaces, ground.environments)
+
+
+def first_messages(setup: SwarmSetup, spec: SwarmSpec) -> dict[str, list[dict]]:
+    """Each agent's system and first user message, as its transcript records them."""
+    messages = {}
+    for agent_spec, prompt in zip(spec.agents, setup.prompts.agents):
+        user = first_user_message(agent_spec, setup.environments[agent_spec.name])
+        messages[agent_spec.name] = [
+            {"role": "system", "rendered": prompt.system_text, "tokens": len(prompt.system_ids)},
+            {"role": "user", "content": user, "rendered": prompt.suffix_text, "tokens": len(prompt.suffix_ids)}]
+    return messages
+
+
+def _workspace(spec: SwarmSpec, agent: AgentSpec, run_dir: Path) -> Workspace:
+    workspace = spec.workspace
+    dest = run_dir / "workspaces" / agent.name if workspace.mode == "copy" else None
+    return prepare_workspace(workspace.path, dest, workspace.mode)
+
+
+def _check_commands(spec: SwarmSpec, tool_names: list[str]) -> None:
+    if spec.workspace.mode == "shared-readonly" and "run_command" in tool_names:
+        raise SpecError(f"{spec.path}: run_command: a shared-readonly workspace cannot run commands "
+                        "(they could change it); set run_command.enabled: false or workspace.mode: copy")
+
+
+def sampling_params(spec: SwarmSpec, index: int) -> SamplingParams:
+    """Per-turn sampling; each agent draws from its own seed, so equal tasks still diverge."""
+    sampling = spec.sampling
+    seed = None if sampling.seed is None else sampling.seed + index
+    return SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                          top_p=max(sampling.top_p, 1e-6), top_k=sampling.top_k, seed=seed, stop=list(TURN_STOP))

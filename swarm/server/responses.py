@@ -1,0 +1,184 @@
+"""One generation, answered the OpenAI way: a whole response, or server-sent events.
+
+    data: {"object": "chat.completion.chunk", "choices": [{"delta": {...}}]}\\n\\n    (repeated)
+    data: {... "choices": [], "usage": {...}}\\n\\n         with stream_options.include_usage
+    data: [DONE]\\n\\n
+
+A client that goes away cancels its request: a stream's task is cancelled by the server on
+disconnect, and a whole-response request watches for the disconnect itself. Either way the
+generator over the engine closes, which releases the sequence and its blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from starlette.requests import Request
+
+from engine import AsyncEngine, GenerationDelta, RequestFailed, SamplingParams
+from swarm.server.chat_output import ChatOutput, OutputText
+from swarm.server.protocol import ApiError, error_body
+
+DONE = "data: [DONE]\n\n"
+log = logging.getLogger("swarm.serve")
+
+
+@dataclass(slots=True)
+class Finished:
+    finish_reason: str           # as the client gets it: tool_calls when the reply holds calls
+    num_cached_tokens: int
+    output: ChatOutput
+
+
+@dataclass(slots=True)
+class Job:
+    """A validated request, ready for the engine."""
+
+    request_id: str
+    created: int
+    model: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    output: OutputText
+    include_usage: bool
+    chat: bool
+    on_finish: Callable[[str], None] = lambda finish_reason: None
+    finished: Finished | None = None
+
+
+class ClientGone(Exception):
+    """The client disconnected before its whole response was ready."""
+
+
+async def generate_all(engine: AsyncEngine, job: Job, request: Request) -> dict:
+    """The whole response, or ApiError; the request is cancelled if its client disconnects."""
+    work = asyncio.ensure_future(_run(engine, job))
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if not work.done() or work.cancelled():
+        raise ClientGone()
+    try:
+        finished = work.result()
+    except RequestFailed as err:
+        raise ApiError(500 if err.internal else 400, str(err)) from None
+    return _chat_response(job, finished) if job.chat else _completion_response(job, finished)
+
+
+async def generate_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
+    """The response as server-sent events; a failure after the headers went out is an error event."""
+    try:
+        async with aclosing(_events(engine, job)) as events:
+            async for event in events:
+                yield event
+    except RequestFailed as err:
+        kind = "server_error" if err.internal else "invalid_request_error"
+        yield _sse(error_body(str(err), kind, code=500 if err.internal else 400))
+        yield DONE
+    except Exception as err:
+        log.exception("stream %s failed", job.request_id)
+        yield _sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error", code=500))
+        yield DONE
+
+
+async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
+    if job.chat:
+        yield _sse(_chunk(job, {"role": "assistant", "content": ""}))
+    async with aclosing(_pieces(engine, job)) as pieces:
+        async for piece in pieces:
+            yield _sse(_chunk(job, {"content": piece}) if job.chat else _chunk(job, text=piece))
+    for chunk in _final_chunks(job, job.finished):
+        yield _sse(chunk)
+    if job.include_usage:
+        yield _sse({**_envelope(job), "choices": [], "usage": _usage(job, job.finished)})
+    yield DONE
+
+
+async def _pieces(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
+    """The text as it becomes safe to send; the finish is left on job.finished."""
+    async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
+        async for delta in deltas:
+            piece = job.output.add(delta.token_ids)
+            if piece:
+                yield piece
+            _note_finish(job, delta)
+
+
+def _note_finish(job: Job, delta: GenerationDelta) -> None:
+    if not delta.finish_reason:
+        return
+    output = job.output.finish()
+    reason = "tool_calls" if output.tool_calls else delta.finish_reason
+    job.finished = Finished(reason, delta.num_cached_tokens, output)
+    job.on_finish(reason)
+
+
+async def _run(engine: AsyncEngine, job: Job) -> Finished:
+    async with aclosing(_pieces(engine, job)) as pieces:
+        async for _ in pieces:
+            pass
+    return job.finished
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _final_chunks(job: Job, finished: Finished) -> list[dict]:
+    output, reason = finished.output, finished.finish_reason
+    rest = job.output.unsent(output)
+    if not job.chat:
+        return ([_chunk(job, text=rest)] if rest else []) + [_chunk(job, text="", finish_reason=reason)]
+    chunks = [_chunk(job, {"content": rest})] if rest else []
+    for index, call in enumerate(output.tool_calls):
+        chunks.append(_chunk(job, {"tool_calls": [{"index": index, **call}]}))
+    return chunks + [_chunk(job, {}, finish_reason=reason)]
+
+
+def _chat_response(job: Job, finished: Finished) -> dict:
+    output = finished.output
+    message = {"role": "assistant", "content": output.content}
+    if output.tool_calls:
+        message["tool_calls"] = output.tool_calls
+    return {**_envelope(job, "chat.completion"), "usage": _usage(job, finished),
+            "choices": [{"index": 0, "message": message, "finish_reason": finished.finish_reason,
+                         "logprobs": None}]}
+
+
+def _completion_response(job: Job, finished: Finished) -> dict:
+    choice = {"index": 0, "text": finished.output.content or "", "finish_reason": finished.finish_reason,
+              "logprobs": None}
+    return {**_envelope(job, "text_completion"), "choices": [choice], "usage": _usage(job, finished)}
+
+
+def _chunk(job: Job, delta: dict | None = None, text: str | None = None, finish_reason: str | None = None) -> dict:
+    choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    if job.chat:
+        choice["delta"] = delta or {}
+    else:
+        choice["text"] = text or ""
+    return {**_envelope(job), "choices": [choice]}
+
+
+def _envelope(job: Job, kind: str | None = None) -> dict:
+    kind = kind or ("chat.completion.chunk" if job.chat else "text_completion")
+    return {"id": job.request_id, "object": kind, "created": job.created, "model": job.model}
+
+
+def _usage(job: Job, finished: Finished) -> dict:
+    prompt, completion = len(job.prompt_ids), len(job.output.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": finished.num_cached_tokens}}
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

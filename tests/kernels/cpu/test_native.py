@@ -1,0 +1,61 @@
+"""kernels/cpu/native.py links the C kernels against the OpenMP runtime torch runs on, so that a process
+holds one pool of OpenMP threads: checked in real subprocesses by the files mapped into them."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.cpu import native
+
+ROOT = Path(__file__).parents[3]
+KERNELS = sorted(source.stem for source in native.SOURCE_DIR.glob("*.c"))
+HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
+MAPPED_RUNTIMES = """
+import json, os, re
+def mapped_openmp_runtimes():
+    paths = {line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps") if len(line.split(maxsplit=5)) == 6}
+    runtimes = {os.path.realpath(p) for p in paths if re.match(r"lib(gomp|iomp5|omp)\\b", os.path.basename(p))}
+    return sorted(runtimes)
+"""
+
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)"),
+              pytest.mark.skipif(native.openmp_runtime() is None, reason="this torch has no OpenMP runtime")]
+
+
+def mapped_runtimes_after(code: str) -> list[str]:
+    script = MAPPED_RUNTIMES + code + "\nprint(json.dumps(mapped_openmp_runtimes()))"
+    done = subprocess.run([sys.executable, "-c", script],
+                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def built(name: str) -> str:
+    library = native.load(name)
+    if library is None:
+        pytest.skip("no C compiler for the kernels")
+    return library._name
+
+
+def test_openmp_runtime_is_the_one_torch_calls():
+    runtime = native.openmp_runtime()
+    assert re.match(r"lib(gomp|iomp5|omp)\b", runtime.name), runtime
+    assert str(runtime) in mapped_runtimes_after("import torch")
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_kernel_loaded_on_its_own_finds_torchs_runtime(name):
+    """Without torch in the process, the dynamic linker finds the runtime from the kernel alone:
+    the file it was linked against, not the compiler's libgomp.so.1."""
+    path = built(name)
+    assert mapped_runtimes_after(f"import ctypes; ctypes.CDLL({path!r})") == [str(native.openmp_runtime())]
+
+
+def test_torch_and_every_kernel_share_one_openmp_runtime():
+    for name in KERNELS:
+        built(name)   # here, so that the subprocess finds them in the cache
+    code = f"from kernels.cpu import native\nfor name in {KERNELS!r}:\n    assert native.load(name) is not None, name"
+    assert mapped_runtimes_after(code) == [str(native.openmp_runtime())]

@@ -1,0 +1,90 @@
+"""The C prefill attention (kernels/cpu/csrc/rows_attention.c) against attention written out in torch
+(scores, mask, softmax, weighted values), in the native build, the AVX2 one and the portable one."""
+import pytest
+import torch
+
+from kernels.cpu import native_attention
+from tests.helpers import portable_kernels as portable
+
+pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
+
+# (tokens, keys, heads, kv_heads, dim, causal): a whole prompt of several chunks and blocks; a tail
+# whose blocks straddle a chunk's start (rows that see none of it); SmolLM2's suffixes over the
+# trunk; no grouping with a wide head; eight groups; one token over one key
+SHAPES = [(600, 600, 9, 3, 64, True), (100, 300, 6, 2, 32, True), (130, 2048, 9, 3, 64, False),
+          (37, 300, 4, 4, 128, True), (70, 90, 32, 4, 16, True), (1, 1, 6, 2, 8, True)]
+
+
+def inputs(tokens, keys, heads, kv_heads, dim, seed=0, spread=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, heads, dim, generator=gen) * spread
+    return q, torch.randn(keys, kv_heads, dim, generator=gen), torch.randn(keys, kv_heads, dim, generator=gen)
+
+
+def written_out(q, k, v, scale, causal):
+    """out, lse in float64, each head reading its KV head, token i at key position keys - tokens + i."""
+    tokens, heads, _ = q.shape
+    keys, kv_heads, _ = k.shape
+    kk, vv = (t.double().repeat_interleave(heads // kv_heads, 1) for t in (k, v))
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
+    if causal:
+        positions = torch.arange(keys - tokens, keys)
+        scores.masked_fill_(torch.arange(keys)[None, None, :] > positions[None, :, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv), torch.logsumexp(scores, -1).T
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_attention_written_out(shape):
+    *sizes, causal = shape
+    q, k, v = inputs(*sizes)
+    scale = sizes[4] ** -0.5
+    out, lse = native_attention.rows_attention(q, k, v, scale, causal)
+    expected = written_out(q, k, v, scale, causal)
+    torch.testing.assert_close(out.double(), expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_peaked_scores_underflow_to_zero_weights_not_nan():
+    q, k, v = inputs(300, 300, 6, 2, 64, seed=2, spread=30.0)   # scores in the thousands: float32 keeps ~1e-4
+    out, lse = native_attention.rows_attention(q, k, v, 0.125, True)
+    expected = written_out(q, k, v, 0.125, True)
+    assert out.isfinite().all() and lse.isfinite().all()
+    torch.testing.assert_close(out.double(), expected[0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), expected[1], atol=1e-3, rtol=1e-5)
+
+
+def test_a_token_gets_the_same_bits_alone_on_the_keys_it_sees():
+    q, k, v = inputs(300, 300, 6, 2, 64, seed=3)
+    out, lse = native_attention.rows_attention(q, k, v, 0.125, True)
+    for i in (0, 95, 96, 255, 256, 299):   # block and chunk edges
+        alone = native_attention.rows_attention(q[i:i + 1], k[:i + 1], v[:i + 1], 0.125, True)
+        assert torch.equal(alone[0][0], out[i]) and torch.equal(alone[1][0], lse[i])
+
+
+def test_the_portable_build_matches_attention_written_out(tmp_path):
+    library = portable.portable_library("rows_attention", native_attention.ROWS_SIGNATURES, tmp_path)
+    for shape in SHAPES[:3]:
+        *sizes, causal = shape
+        q, k, v = inputs(*sizes, seed=4)
+        out, lse = native_attention.rows_attention(q, k, v, 0.3, causal, library)
+        expected = written_out(q, k, v, 0.3, causal)
+        torch.testing.assert_close(out.double(), expected[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse.double(), expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
+    """Where the native build is AVX-512, its 16 lanes take the AVX2 code's steps lane for lane."""
+    library = portable.avx2_library("rows_attention", native_attention.ROWS_SIGNATURES, tmp_path)
+    for shape in SHAPES:
+        *sizes, causal = shape
+        q, k, v = inputs(*sizes, seed=5)
+        native_out, native_lse = native_attention.rows_attention(q, k, v, 0.3, causal)
+        out, lse = native_attention.rows_attention(q, k, v, 0.3, causal, library)
+        assert torch.equal(out, native_out) and torch.equal(lse, native_lse), shape
+
+
+def test_other_dtypes_go_to_torch():
+    q, k, v = (t.to(torch.bfloat16) for t in inputs(20, 30, 4, 2, 16))
+    out, lse = native_attention.rows_attention(q, k, v, 0.25, True)
+    expected = written_out(q.float(), k.float(), v.float(), 0.25, True)
+    torch.testing.assert_close(out.double(), expected[0], atol=3e-2, rtol=3e-2)
