@@ -46,15 +46,12 @@ KNOWN = {
     "tiers": {
         ("swarm.run.phases", "swarm.cli.plain_view"),       # the RunView protocol moves to swarm/run/view.py
         ("swarm.run.remote_run", "swarm.cli.plain_view"),   # (the same RunView; remote_run goes with RunBackend)
-        ("swarm.spec.schema", "swarm.agents.workspace"),    # WORKSPACE_MODES belongs to the spec's vocabulary
     },
     "cycles": {
-        ("swarm.server.app", "swarm.server.metrics"),   # ServedModel to its own module, or pass trunk_tokens
     },
     "test_imports": {
         ("tests.swarm.cli.test_dashboard", "tests.swarm.cli.test_run"),     # ENV -> tests/helpers/runs.py
         ("tests.swarm.run.test_remote_run", "tests.swarm.cli.test_run"),    # ENV, swarm() -> tests/helpers/runs.py
-        ("tests.swarm.spec.test_backend", "tests.swarm.spec.test_schema"),  # spec_error -> helpers/spec_files.py
     },
 }
 

@@ -21,8 +21,8 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from engine import SpecError
+from swarm.spec.schema import WORKSPACE_MODES
 
-WORKSPACE_MODES = ("copy", "shared-readonly")
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _KINDS = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",

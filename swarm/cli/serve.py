@@ -89,7 +89,8 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
     import uvicorn
 
     from engine import AsyncEngine, EngineOptions, LLMEngine
-    from swarm.server.app import ServedModel, build_app
+    from swarm.server.app import build_app
+    from swarm.server.served_model import ServedModel
 
     engine = LLMEngine(settings.model, EngineOptions(device=settings.device, dtype=settings.dtype,
                                                      kv_budget_tokens=settings.kv_budget_tokens,

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,20 +43,12 @@ from swarm.server.protocol import (
     utf8_text,
 )
 from swarm.server.responses import ClientGone, Job, generate_all, generate_events
+from swarm.server.served_model import ServedModel
 
 log = logging.getLogger("swarm.serve")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Bodies above this get a 413: far more text than any context holds, little enough to parse."""
-
-
-@dataclass(slots=True)
-class ServedModel:
-    name: str
-    aliases: set[str] = field(default_factory=set)
-    trunk_tokens: int = 0
-    trunk_blocks: int = 0
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None,

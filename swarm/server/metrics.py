@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine import AsyncEngine, EngineSnapshot
-
-if TYPE_CHECKING:
-    from swarm.server.app import ServedModel
+from swarm.server.served_model import ServedModel
 
 FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
 ENGINE_FINISH_REASONS = ("cancelled", "error")
@@ -48,7 +46,7 @@ class ReplyCounts:
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: AsyncEngine, model: "ServedModel", replies: ReplyCounts):
+    def __init__(self, engine: AsyncEngine, model: ServedModel, replies: ReplyCounts):
         self.engine = engine
         self.model = model
         self.replies = replies
@@ -61,7 +59,7 @@ class EngineCollector(Collector):
                      self.model.trunk_tokens)
 
 
-def metrics_registry(engine: AsyncEngine, model: "ServedModel", replies: ReplyCounts) -> CollectorRegistry:
+def metrics_registry(engine: AsyncEngine, model: ServedModel, replies: ReplyCounts) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model, replies))
     return registry

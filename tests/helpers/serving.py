@@ -19,7 +19,8 @@ import uvicorn
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import EngineOptions, LLMEngine
 from swarm.cli.serve import bind
-from swarm.server.app import ServedModel, build_app
+from swarm.server.app import build_app
+from swarm.server.served_model import ServedModel
 from tests.helpers.runs import EOS_ID
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,11 +1,15 @@
 """Shared by the spec, trunk, lint and inspect tests: spec files on disk and the default tokenizer."""
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
+import pytest
+
+from engine.errors import SpecError
 from engine.loading.loader import load_tokenizer
 from engine.loading.named_models import DEFAULT_MODEL
 from engine.loading.tokenizer import Tokenizer
@@ -16,6 +20,7 @@ from swarm.trunk.suffix import Environment, agent_variables
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPEC = REPO / "swarm.yaml.example"
+ONE_LINE = re.compile(r"^(?P<file>\S+):(?P<line>\d+): (?P<key>[^:]+): .+$")   # a spec error's form
 
 MINIMAL = f"""\
 model: {DEFAULT_MODEL}
@@ -65,3 +70,17 @@ def alias_bomb_tool(levels: int = 9, width: int = 9, key: str = "extra_tools") -
              f"        l0: &l0 [{', '.join(['lol'] * width)}]"]
     lines += [f"        l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+
+
+def spec_error(tmp_path, text: str) -> tuple[str, int, str, str]:
+    """Load `text` as a spec that must fail: (message, line, key, what to fix), its form checked."""
+    path = write_spec(tmp_path, text)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert caught.value.exit_code == 2
+    match = ONE_LINE.match(message)
+    assert match, message
+    assert match["file"] == str(path)
+    return message, int(match["line"]), match["key"], message.split(": ", 2)[2]

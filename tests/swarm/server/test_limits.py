@@ -7,7 +7,8 @@ import openai
 import pytest
 
 from swarm.cli.serve import pin_trunk
-from swarm.server.app import DEFAULT_MAX_BODY_BYTES, ServedModel
+from swarm.server.app import DEFAULT_MAX_BODY_BYTES
+from swarm.server.served_model import ServedModel
 from tests.helpers.runs import tiny_model
 from tests.helpers.serving import MODEL, ServerThread, metric, start_engine
 

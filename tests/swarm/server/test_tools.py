@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from engine import EngineOptions
 from engine.loading.tokenizer import Tokenizer
 from swarm.server.chat_output import OutputText, split_tool_output
 from swarm.server.chat_prompt import ChatPrompter
@@ -114,9 +115,11 @@ def test_a_reply_with_calls_comes_back_as_tool_calls(server):
 
 
 def test_streamed_calls_come_as_tool_call_deltas_after_the_prose(server):
-    script(server, f"Let me look.\n{READ_CALL}\n{WRITE_CALL}")
-    chunks = list(server.client().chat.completions.create(model=MODEL, messages=[SYSTEM, USER], tools=TOOLS,
-                                                          stream=True, stream_options={"include_usage": True}))
+    script(server, READ_CALL, f"Let me look.\n{READ_CALL}\n{WRITE_CALL}")
+    client = server.client()
+    client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], tools=TOOLS)   # caches the prompt's blocks
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], tools=TOOLS,
+                                                 stream=True, stream_options={"include_usage": True}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     content = [d.content for d in deltas if d.content]
     assert "".join(content) == "Let me look.\n" and not any("<" in piece for piece in content)
@@ -124,7 +127,9 @@ def test_streamed_calls_come_as_tool_call_deltas_after_the_prose(server):
     assert [(c.index, c.function.name) for c in calls] == [(0, "read_file"), (1, "write_file")]
     assert json.loads(calls[0].function.arguments) == {"path": "a.py"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
+    usage, block = chunks[-1].usage, EngineOptions().block_size
+    whole_blocks = (usage.prompt_tokens - 1) // block * block   # the last token is always computed
+    assert whole_blocks <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
 
 
 def test_a_malformed_call_or_tool_choice_none_leaves_the_text_as_content(server):

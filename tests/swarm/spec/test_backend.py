@@ -5,8 +5,7 @@ from engine.errors import SpecError
 from swarm.spec.backend import BACKEND_KEYS
 from swarm.spec.schema import load_spec
 from swarm.trunk.report import inspect_prefix
-from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, load, write_spec
-from tests.swarm.spec.test_schema import spec_error
+from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, load, spec_error, write_spec
 
 REMOTE = """\
 task: fix the failing test

@@ -1,25 +1,9 @@
-import re
 
 import pytest
 
 from engine.errors import SpecError
 from swarm.spec.schema import load_spec
-from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, alias_bomb_tool, load, write_spec
-
-ONE_LINE = re.compile(r"^(?P<file>\S+):(?P<line>\d+): (?P<key>[^:]+): .+$")
-
-
-def spec_error(tmp_path, text: str) -> tuple[str, int, str, str]:
-    path = write_spec(tmp_path, text)
-    with pytest.raises(SpecError) as caught:
-        load_spec(path)
-    message = str(caught.value)
-    assert "\n" not in message
-    assert caught.value.exit_code == 2
-    match = ONE_LINE.match(message)
-    assert match, message
-    assert match["file"] == str(path)
-    return message, int(match["line"]), match["key"], message.split(": ", 2)[2]
+from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, alias_bomb_tool, load, spec_error
 
 
 def test_example_spec_loads_with_every_key():
