@@ -12,12 +12,13 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from engine import NAMED_MODELS, ModelLoadError, resolve_model
-from swarm.agents.workspace import WORKSPACE_MODES
 from swarm.spec.backend import ENGINE_ONLY_KEYS, BackendSpec, read_backend
 from swarm.spec.harness import load_harness, resolve_harness
 from swarm.spec.kv_budget import KvBudget, parse_kv_budget
 from swarm.spec.reader import SpecReader, describe, end_line_of, line_of
 from swarm.spec.tool_schema import normalize_tool, tool_name
+
+WORKSPACE_MODES = ("copy", "shared-readonly")   # copy: a copy per agent; shared-readonly: one, unwritable
 
 TOP_KEYS = ["model", "backend", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
             "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
