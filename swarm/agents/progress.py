@@ -1,19 +1,19 @@
-"""What an agent has done so far, whichever engine runs it: its state, turns, tokens, tool calls
-and times, and the `AgentEvent`s that record each step for the transcript and the views.
+"""The records an agent's life is made of, whichever backend runs it (swarm/run/backend.py):
 
-`Agent` (the local engine, one sequence per agent) and `RemoteAgent` (an OpenAI-compatible
-server, one chat request per turn) both build on `AgentProgress`, so the dashboard, the summary
-and the transcript read the same fields and the same events from either.
+    backend -> TurnEvent (queued, prefilled, tokens, turn_end with its Reply, failed) -> Agent
+    Agent   -> AgentEvent (message, prefilled, assistant, tool_call, tool_error, tool_result, end)
+               -> the transcript and the views
+    Agent   -> ToolJob (a turn's calls, run in a worker thread) -> the backend, as the next turn
+
+A backend reports only what it can know: a figure it does not have is None, never 0.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
 
-from swarm.agents.throughput import Throughput
-from swarm.agents.tool_calls import ParseResult, ToolCall
+from swarm.agents.tool_calls import ToolCall
 from swarm.agents.tools import ToolBox, ToolResult
 
 
@@ -39,6 +39,75 @@ class AgentEvent:
 
 
 @dataclass(slots=True)
+class Reply:
+    """A finished turn, as its backend saw it."""
+
+    text: str
+    finish_reason: str | None
+    tokens: int
+    """Tokens generated: the engine's count, or the server's usage (pieces received without one)."""
+    context_tokens: int | None = None
+    """The context after the turn, where the backend counts it (swarm's engine)."""
+    end_token: int | None = None
+    """The stop token that ended the turn, which the next turn's chat framing follows (swarm's engine)."""
+    prompt_tokens: int | None = None
+    """The turn's prompt, as a server's usage counts it."""
+    cached_tokens: int | None = None
+    """Of those, the tokens the server found in its prefix cache (None: it does not say)."""
+    tool_calls: list[dict] | None = None
+    """Calls a server's tool parser found, as its chat message gives them: {"id", "type", "function"}."""
+
+
+@dataclass(slots=True)
+class TurnEvent:
+    """What a backend reports of one agent's turn."""
+
+    agent: str
+    kind: str  # queued, prefilled, tokens, turn_end, failed
+    queued: bool = False
+    """queued: the turn waits for the engine to admit it (True) or is being computed (False)."""
+    tokens: int = 0
+    """tokens: how many arrived."""
+    context_tokens: int | None = None
+    """prefilled: the tokens with KV now, where the backend knows them (swarm's engine)."""
+    reply: Reply | None = None
+    """turn_end: the finished turn."""
+    reason: str = ""
+    """failed: context_full or error."""
+    error: str = ""
+    """failed: what went wrong, in a line."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartialTurn:
+    """What the model wrote of a turn that the run stopped (wall time, a signal)."""
+
+    text: str
+    tokens: int
+
+
+@dataclass(slots=True)
+class PromptUsage:
+    """What a server's usage said of an agent's prompts, turn after turn."""
+
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int | None = None
+    """None until the server reports cached tokens (vLLM needs --enable-prompt-tokens-details)."""
+    first_cached_tokens: int | None = None
+    last_prompt_tokens: int | None = None
+    last_cached_tokens: int | None = None
+
+    def add(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        self.prompt_tokens_total += prompt_tokens
+        self.last_prompt_tokens, self.last_cached_tokens = prompt_tokens, cached_tokens
+        if cached_tokens is None:
+            return
+        self.cached_tokens_total = (self.cached_tokens_total or 0) + cached_tokens
+        if self.first_cached_tokens is None:
+            self.first_cached_tokens = cached_tokens
+
+
+@dataclass(slots=True)
 class ToolJob:
     """A turn's calls, run off the loop's thread; `results` is filled in by `run()`."""
 
@@ -48,6 +117,8 @@ class ToolJob:
     end_token: int | None
     results: list[ToolResult] = field(default_factory=list)
     seconds: float = 0.0
+    call_ids: list[str] = field(default_factory=list)
+    """The id each output answers, in the order of `outputs` (a server's, or made up for text calls)."""
 
     def run(self, toolbox: ToolBox) -> "ToolJob":
         start = time.monotonic()
@@ -67,98 +138,3 @@ class ToolJob:
     def outputs(self) -> list[str]:
         """What goes back to the model: each call's result, then each malformed call's message."""
         return [result.output for result in self.results] + self.errors
-
-
-class AgentProgress:
-    def __init__(self, name: str, toolbox: ToolBox, emit: Callable[[AgentEvent], None],
-                 clock: Callable[[], float] = time.monotonic):
-        self.name = name
-        self.toolbox = toolbox
-        self.emit = emit
-        self.clock = clock
-        self.state = AgentState.QUEUED
-        self.turn = 0
-        self.end_reason = ""
-        self.error = ""
-        self.generated_tokens = 0
-        self.tool_tokens = 0
-        self.tool_calls = 0
-        self.tool_seconds = 0.0
-        self.last_tool = ""
-        self.started_at: float | None = None
-        self.first_token_at: float | None = None
-        self.ended_at: float | None = None
-        self.throughput = Throughput()
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED
-
-    @property
-    def context_tokens(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def seconds(self) -> float:
-        if self.started_at is None:
-            return 0.0
-        return (self.ended_at or self.clock()) - self.started_at
-
-    def limit_reason(self, parsed: ParseResult, max_turns: int, max_tokens: int, cut: str | None = None) -> str | None:
-        """Why the agent ends after this turn, or None when it goes on to run the calls.
-        `cut`: the limit that cut the turn short (see `cut_reason`); a turn without calls is a
-        final answer only when the model itself stopped."""
-        if not parsed.calls and not parsed.errors:
-            return cut or "final_answer"
-        if self.turn >= max_turns:
-            return "max_turns"
-        if self.generated_tokens >= max_tokens:
-            return "max_tokens"
-        return None
-
-    def cut_reason(self, finish_reason: str | None, max_tokens: int) -> str | None:
-        """What cut a turn that finished with `length`: the agent's token limit (`max_tokens`),
-        else the turn's own, sampling.max_tokens (`length`); None when the model stopped."""
-        if finish_reason != "length":
-            return None
-        return "max_tokens" if self.generated_tokens >= max_tokens else "length"
-
-    def record_partial_turn(self, content: str, tokens: int, reason: str) -> None:
-        """The turn the run stopped (wall time, a signal): it counts, marked `partial`."""
-        self.turn += 1
-        self._event("assistant", turn=self.turn, content=content, tokens=tokens, finish_reason=reason,
-                    partial=True, context_tokens=self.context_tokens)
-
-    def announce_calls(self, parsed: ParseResult) -> None:
-        for call in parsed.calls:
-            self._event("tool_call", turn=self.turn, name=call.name, arguments=call.arguments)
-        for error in parsed.errors:
-            self._event("tool_error", turn=self.turn, error=error)
-        self.last_tool = parsed.calls[-1].name if parsed.calls else "(malformed)"
-
-    def record_results(self, job: ToolJob, appended_tokens: int | None) -> None:
-        """appended_tokens: what this turn's results add to the context (None: not known here)."""
-        self.tool_seconds += job.seconds
-        self.tool_calls += len(job.calls)
-        for result in job.results:
-            self._event("tool_result", turn=job.turn, name=result.name, ok=result.ok, output=result.output,
-                        truncated=result.truncated, seconds=round(job.seconds, 4), appended_tokens=appended_tokens)
-
-    def record_end(self, state: AgentState, reason: str, error: str = "") -> None:
-        self.state = state
-        self.end_reason = reason
-        self.error = error
-        self.ended_at = self.clock()
-        data = dict(status=state.value, reason=reason, turns=self.turn, generated_tokens=self.generated_tokens,
-                    tool_calls=self.tool_calls, context_tokens=self.context_tokens, seconds=round(self.seconds, 3),
-                    **self.end_details())
-        if error:
-            data["error"] = error
-        self._event("end", **data)
-
-    def end_details(self) -> dict:
-        """More figures for the end event, where a backend has them."""
-        return {}
-
-    def _event(self, kind: str, **data) -> None:
-        self.emit(AgentEvent(self.name, kind, data, self.clock()))

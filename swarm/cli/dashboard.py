@@ -15,10 +15,10 @@ Once an agent ends, its state says why (`done (final_answer)`, `done (wall_time)
 shared and private columns show the most KV it held: its blocks are given back by then, so the
 final frame would otherwise read zero.
 
-On a remote server (`RemoteDashboard`) the header shows the server and its KV figures from its
-/metrics ("unavailable" where it has none); each agent row shows the prompt tokens the server
-found cached, in all and on the last turn, and the per-agent shared/private bytes, which only
-swarm's own engine knows, read "n/a".
+The rows and columns are those the run's backend can fill (swarm/run/facts.py). On a server the
+header shows the server and its KV figures from its /metrics ("unavailable" where it has none);
+each agent row shows the prompt tokens the server found cached, in all and on the last turn, and
+the per-agent shared/private bytes, which only swarm's own engine knows, read "n/a".
 
 The loop calls `refresh()` at most 4 times a second; it only swaps in new figures. Drawing is
 done by rich's own refresh thread, which mostly overlaps the model's matrix work (torch
@@ -35,11 +35,9 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.agents.agent import Agent, AgentEvent, AgentState
-from swarm.agents.progress import AgentProgress
 from swarm.cli.plain_view import describe_agents_cache, describe_server_cache, describe_server_kv
-from swarm.run.memory import AgentMemory, SwarmMemory
-from swarm.run.remote_agent import RemoteAgent
-from swarm.run.server_memory import ServerMemory
+from swarm.run.facts import BackendFacts
+from swarm.run.memory import AgentMemory, RunMemory
 from swarm.run.summary import RunInfo
 from swarm.spec.kv_budget import format_bytes
 
@@ -57,7 +55,7 @@ class Dashboard:
         self.live: Live | None = None
         self.info: RunInfo | None = None
         self.agents: list[Agent] = []
-        self.memory: SwarmMemory | None = None
+        self.memory: RunMemory | None = None
         self.tok_per_s = 0.0
         self.started = time.monotonic()
         self.notes: list[str] = []
@@ -67,7 +65,7 @@ class Dashboard:
         if self.live is None:
             self.console.print(f"swarm: {text}", highlight=False)
 
-    def start(self, info: RunInfo, agents: list[Agent], memory: SwarmMemory) -> None:
+    def start(self, info: RunInfo, agents: list[Agent], memory: RunMemory) -> None:
         self.info, self.agents, self.memory = info, agents, memory
         self.live = Live(console=self.console, get_renderable=self.render, auto_refresh=True,
                          refresh_per_second=REFRESH_PER_SECOND, redirect_stdout=False, redirect_stderr=False)
@@ -81,11 +79,10 @@ class Dashboard:
 
     def close(self, summary: dict) -> None:
         self._stop_live()
-        memory = summary["memory"]
-        self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, trunk of "
-                           f"{memory['trunk_tokens']} tokens shared, {format_bytes(memory['bytes_saved'])} of KV "
-                           f"saved at the peak. Transcripts and summary.json in {summary['run_dir']}",
-                           highlight=False)
+        served = "backend" in summary  # a run on a server: each turn's usage says its cached tokens
+        shared = describe_agents_cache(self.agents) if served else _trunk_shared(summary["memory"])
+        self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, {shared}. Transcripts and "
+                           f"summary.json in {summary['run_dir']}", highlight=False)
 
     def _stop_live(self) -> None:
         if self.live is not None:
@@ -103,116 +100,115 @@ class Dashboard:
             return Group(Text(f"(dashboard: {type(err).__name__}: {err})", style="dim"))
 
     def frame(self) -> Group:
-        return Group(header(self.info, self.memory, len(self.agents), self.tok_per_s,
-                            time.monotonic() - self.started, self.notes[-1:]),
-                     agent_table(self.agents, self.memory))
+        return Group(header(self.info, self.memory, self.agents, self.tok_per_s, time.monotonic() - self.started,
+                            self.notes[-1:]),
+                     agent_table(self.agents, self.memory, self.info.facts))
 
 
-class RemoteDashboard(Dashboard):
-    """The frame of a run on a remote server."""
-
-    def frame(self) -> Group:
-        return Group(remote_header(self.info, self.memory, self.agents, self.tok_per_s,
-                                   time.monotonic() - self.started, self.notes[-1:]),
-                     remote_agent_table(self.agents))
-
-    def close(self, summary: dict) -> None:
-        self._stop_live()
-        self.console.print(f"{summary['status']}: {len(summary['agents'])} agents, "
-                           f"{describe_agents_cache(self.agents)}. Transcripts and summary.json in "
-                           f"{summary['run_dir']}", highlight=False)
-
-
-def remote_header(info: RunInfo, server: ServerMemory, agents: list[RemoteAgent], tok_per_s: float,
-                  elapsed: float, notes: list[str]) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    grid.add_row("swarm run", f"{info.name} · {info.model} · {info.backend} server {info.base_url}")
-    grid.add_row("server KV", describe_server_kv(server))
-    grid.add_row("server cache", describe_server_cache(server))
-    grid.add_row("agents' prompts", describe_agents_cache(agents))
-    grid.add_row("throughput", f"{tok_per_s:.1f} tok/s · {elapsed:.0f} s")
-    for note in notes:
-        grid.add_row("", Text(note, style="dim"))
-    return grid
-
-
-def remote_agent_table(agents: list[RemoteAgent]) -> Table:
-    table = Table(box=None, padding=(0, 1), header_style="bold")
-    for column, justify in (("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"),
-                            ("cached", "right"), ("last turn cached", "right"), ("shared", "right"),
-                            ("private", "right"), ("tok/s", "right"), ("last tool", "left"),
-                            ("cached | computed", "left")):
-        table.add_column(column, justify=justify, no_wrap=True)
-    now = time.monotonic()
-    scale = max([agent.last_prompt_tokens or 0 for agent in agents] + [1])
-    for agent in agents:
-        turn = agent.turn if agent.ended else agent.turn + 1
-        rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
-        cached, prompt = agent.last_cached_tokens, agent.last_prompt_tokens
-        context = f"{agent.context_tokens:,}" if prompt is not None else "-"  # the server has not counted it yet
-        table.add_row(agent.name, state_text(agent), str(turn),
-                      context, _cached_total(agent), _last_turn(cached, prompt), "n/a", "n/a",
-                      rate, agent.last_tool or "-", memory_bar(cached or 0, (prompt or 0) - (cached or 0), scale))
-    return table
-
-
-def _cached_total(agent: RemoteAgent) -> str:
-    if agent.cached_tokens_total is not None:
-        return f"{agent.cached_tokens_total:,}"
-    return "unavailable" if agent.last_prompt_tokens is not None else "-"
-
-
-def _last_turn(cached: int | None, prompt: int | None) -> str:
-    if prompt is None:
-        return "-"
-    if cached is None:
-        return "unavailable"
-    return f"{cached:,}/{prompt:,} ({cached / prompt:.0%})" if prompt else "0/0"
-
-
-def header(info: RunInfo, memory: SwarmMemory, agents: int, tok_per_s: float, elapsed: float,
+def header(info: RunInfo, memory: RunMemory, agents: list[Agent], tok_per_s: float, elapsed: float,
            notes: list[str]) -> Table:
-    latest = memory.latest
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("swarm run", f"{info.name} · {info.model} · {info.device} · {info.dtype} · "
-                              f"weights {format_bytes(info.weight_bytes)}")
-    grid.add_row(pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of "
-                                          f"{format_bytes(latest.total_bytes)}")
-    grid.add_row("trunk", f"{memory.trunk_tokens:,} tokens · {format_bytes(memory.trunk_bytes)} · shared by "
-                          f"{latest.agents_sharing} of {agents} agents · saved {format_bytes(latest.bytes_saved)} "
-                          f"against no sharing (peak {format_bytes(memory.peak.bytes_saved)}) · "
-                          f"prefix hit rate {latest.prefix_hit_rate:.0%}")
+    for label, text in header_rows(info, memory, agents):
+        grid.add_row(label, text)
     grid.add_row("throughput", f"{tok_per_s:.1f} tok/s · {elapsed:.0f} s")
     for note in notes:
         grid.add_row("", Text(note, style="dim"))
     return grid
+
+
+def header_rows(info: RunInfo, memory: RunMemory, agents: list[Agent]) -> list[tuple[str, str]]:
+    """What the run is and its KV figures, as far as its backend knows them."""
+    facts, latest = info.facts, memory.latest
+    if info.base_url:
+        rows = [("swarm run", f"{info.name} · {info.model} · {facts.kind} server {info.base_url}")]
+    else:
+        rows = [("swarm run", f"{info.name} · {info.model} · {info.device} · {info.dtype} · "
+                              f"weights {format_bytes(info.weight_bytes)}")]
+    if facts.server_metrics:
+        rows += [("server KV", describe_server_kv(memory)), ("server cache", describe_server_cache(memory))]
+    else:
+        rows.append((pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of "
+                                              f"{format_bytes(latest.total_bytes)}"))
+    if facts.trunk_pinned:
+        rows.append(("trunk", f"{memory.trunk_tokens:,} tokens · {format_bytes(memory.trunk_bytes)} · shared by "
+                              f"{latest.agents_sharing} of {len(agents)} agents · saved "
+                              f"{format_bytes(latest.bytes_saved)} against no sharing (peak "
+                              f"{format_bytes(memory.peak.bytes_saved)}) · prefix hit rate {memory.prefix_hit_rate:.0%}"))
+    if facts.cached_tokens:
+        rows.append(("agents' prompts", describe_agents_cache(agents)))
+    return rows
+
+
+def _trunk_shared(memory: dict) -> str:
+    return (f"trunk of {memory['trunk_tokens']} tokens shared, {format_bytes(memory['bytes_saved'])} of KV "
+            "saved at the peak")
 
 
 def pool_label(device: str) -> str:
     return "KV pool (GPU memory)" if device.startswith("cuda") else "KV pool (host memory)"
 
 
-def agent_table(agents: list[Agent], memory: SwarmMemory) -> Table:
-    caption = ENDED_CAPTION if any(agent.ended for agent in agents) else None
+def agent_table(agents: list[Agent], memory: RunMemory, facts: BackendFacts) -> Table:
+    caption = ENDED_CAPTION if facts.per_agent_kv_bytes and any(agent.ended for agent in agents) else None
     table = Table(box=None, padding=(0, 1), header_style="bold", caption=caption, caption_justify="left")
-    for column, justify in (("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"),
-                            ("shared", "right"), ("private", "right"), ("tok/s", "right"),
-                            ("last tool", "left"), ("shared | private", "left")):
+    for column, justify in agent_columns(facts):
         table.add_column(column, justify=justify, no_wrap=True)
     now = time.monotonic()
-    shown = {agent.name: shown_bytes(agent, memory.agents[agent.name]) for agent in agents}
-    scale = max([shared + private for shared, private in shown.values()] + [1])
+    bars = {agent.name: bar_parts(agent, memory, facts) for agent in agents}
+    scale = max([first + second for first, second in bars.values()] + [1])
     for agent in agents:
-        shared, private = shown[agent.name]
         turn = agent.turn if agent.ended else agent.turn + 1
         rate = "-" if agent.ended else f"{agent.throughput.rate(now):.1f}"
-        table.add_row(agent.name, state_text(agent), str(turn), f"{agent.context_tokens:,}", format_bytes(shared),
-                      format_bytes(private), rate, agent.last_tool or "-", memory_bar(shared, private, scale))
+        cached = [_cached_total(agent), _last_turn(agent)] if facts.cached_tokens else []
+        table.add_row(agent.name, state_text(agent), str(turn), _context(agent), *cached,
+                      *_kv_cells(agent, memory, facts), rate, agent.last_tool or "-", memory_bar(*bars[agent.name], scale))
     return table
+
+
+def agent_columns(facts: BackendFacts) -> list[tuple[str, str]]:
+    cached = [("cached", "right"), ("last turn cached", "right")] if facts.cached_tokens else []
+    bar = "shared | private" if facts.per_agent_kv_bytes else "cached | computed"
+    return [("agent", "left"), ("state", "left"), ("turn", "right"), ("context", "right"), *cached,
+            ("shared", "right"), ("private", "right"), ("tok/s", "right"), ("last tool", "left"), (bar, "left")]
+
+
+def bar_parts(agent: Agent, memory: RunMemory, facts: BackendFacts) -> tuple[int, int]:
+    """The two parts of an agent's bar: its shared and private KV bytes, or its last turn's cached
+    and computed prompt tokens."""
+    if facts.per_agent_kv_bytes:
+        return shown_bytes(agent, memory.agents[agent.name])
+    cached, prompt = agent.usage.last_cached_tokens or 0, agent.usage.last_prompt_tokens or 0
+    return cached, prompt - cached
+
+
+def _context(agent: Agent) -> str:
+    if agent.usage is not None and agent.usage.last_prompt_tokens is None:
+        return "-"  # the server has not counted it yet
+    return f"{agent.context_tokens:,}"
+
+
+def _kv_cells(agent: Agent, memory: RunMemory, facts: BackendFacts) -> list[str]:
+    if not facts.per_agent_kv_bytes:
+        return ["n/a", "n/a"]
+    return [format_bytes(part) for part in shown_bytes(agent, memory.agents[agent.name])]
+
+
+def _cached_total(agent: Agent) -> str:
+    usage = agent.usage
+    if usage.cached_tokens_total is not None:
+        return f"{usage.cached_tokens_total:,}"
+    return "unavailable" if usage.last_prompt_tokens is not None else "-"
+
+
+def _last_turn(agent: Agent) -> str:
+    cached, prompt = agent.usage.last_cached_tokens, agent.usage.last_prompt_tokens
+    if prompt is None:
+        return "-"
+    if cached is None:
+        return "unavailable"
+    return f"{cached:,}/{prompt:,} ({cached / prompt:.0%})" if prompt else "0/0"
 
 
 def shown_bytes(agent: Agent, kv: AgentMemory) -> tuple[int, int]:
@@ -223,7 +219,7 @@ def shown_bytes(agent: Agent, kv: AgentMemory) -> tuple[int, int]:
     return kv.shared_bytes, kv.private_bytes
 
 
-def state_text(agent: AgentProgress) -> Text:
+def state_text(agent: Agent) -> Text:
     """The agent's state, and once it has ended, why: "done (wall_time)"."""
     state = agent.display_state
     label = state.value

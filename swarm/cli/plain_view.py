@@ -1,23 +1,20 @@
-"""How a run shows itself while it goes: the interface the orchestrator talks to, and the plain
-view (`--no-tui`, or output that is not a terminal) that prints one line per event:
+"""The plain view (`--no-tui`, or output that is not a terminal): one line per event,
 
     [  12.4s] fixer       tool_call    read_file {"path": "calc.py"}
 
-A run on a remote server (`RemotePlainView`) also prints the server's KV figures from its
-/metrics every few seconds while they change, and each agent's cached prompt tokens at the end.
+and, for a run on a server, its KV figures from /metrics every few seconds while they change, and
+each agent's cached prompt tokens at the end. The interface the run talks to is swarm/run/view.py.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from swarm.agents.agent import Agent, AgentEvent
-from swarm.run.memory import SwarmMemory
-from swarm.run.remote_agent import RemoteAgent
-from swarm.run.server_memory import ServerMemory
-from swarm.run.summary import RunInfo
+from swarm.run.memory import RunMemory
+from swarm.run.summary import RunInfo, prompt_totals
 from swarm.spec.kv_budget import format_bytes
 
 SNIPPET_CHARS = 100
@@ -26,28 +23,23 @@ NO_CACHED_TOKENS = ("unavailable (the server reports no cached tokens: vLLM need
                     "SGLang --enable-cache-report)")
 
 
-class RunView(Protocol):
-    def note(self, text: str) -> None: ...
-    def start(self, info: RunInfo, agents: list[Agent] | list[RemoteAgent],
-              memory: SwarmMemory | ServerMemory) -> None: ...
-    def event(self, event: AgentEvent) -> None: ...
-    def refresh(self, tok_per_s: float) -> None: ...
-    def close(self, summary: dict) -> None: ...
-
-
 class PlainView:
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
         self.start_time: float | None = None
         self.name_width = 8
+        self.info: RunInfo | None = None
+        self.memory: RunMemory | None = None
+        self.agents: list[Agent] = []
+        self.last_line, self.last_time = "", 0.0
 
     def note(self, text: str) -> None:
         self._print(f"swarm: {text}")
 
-    def start(self, info: RunInfo, agents: list[Agent], memory: SwarmMemory) -> None:
+    def start(self, info: RunInfo, agents: list[Agent], memory: RunMemory) -> None:
+        self.info, self.agents, self.memory = info, agents, memory
         self.name_width = max([len(agent.name) for agent in agents] + [8])
-        self.note(f"run {info.name}: {len(agents)} agents, {info.model} on {info.device} ({info.dtype}), "
-                  f"writing to {info.run_dir}")
+        self.note(f"run {info.name}: {len(agents)} agents, {info.model} {where(info)}, writing to {info.run_dir}")
 
     def event(self, event: AgentEvent) -> None:
         if self.start_time is None:
@@ -56,64 +48,56 @@ class PlainView:
         self._print(f"{stamp} {event.agent:<{self.name_width}} {event.kind:<12} {describe(event)}")
 
     def refresh(self, tok_per_s: float) -> None:
-        pass
-
-    def close(self, summary: dict) -> None:
-        for agent in summary["agents"]:
-            self._print(f"{agent['name']:<{self.name_width}} {agent['status']:<11} {agent['end_reason'] or '-':<13} "
-                        f"turns {agent['turns']:<3} generated {agent['generated_tokens']:<6} "
-                        f"context {agent['context_tokens']}")
-        memory = summary["memory"]
-        self.note(f"{summary['status']}: trunk {memory['trunk_tokens']} tokens shared, "
-                  f"{memory['bytes_saved']} bytes of KV saved at the peak; summary in "
-                  f"{summary['run_dir']}/summary.json")
-
-    def _print(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
-
-
-class RemotePlainView(PlainView):
-    """The plain view of a run on a remote server: what the server says of its KV cache."""
-
-    def __init__(self, stream: TextIO | None = None):
-        super().__init__(stream)
-        self.server: ServerMemory | None = None
-        self.agents: list[RemoteAgent] = []
-        self.last_line, self.last_time = "", 0.0
-
-    def start(self, info: RunInfo, agents: list[RemoteAgent], memory: ServerMemory) -> None:
-        self.name_width = max([len(agent.name) for agent in agents] + [8])
-        self.server, self.agents = memory, agents
-        self.note(f"run {info.name}: {len(agents)} agents, {info.model} on the {info.backend} server "
-                  f"{info.base_url}, writing to {info.run_dir}")
-
-    def refresh(self, tok_per_s: float) -> None:
+        """A run on a server: its KV figures, at most every few seconds and only when they changed."""
+        if not self.info.facts.server_metrics:
+            return
         now = time.monotonic()
-        line = f"server KV {describe_server_kv(self.server)} · {describe_server_cache(self.server)}"
+        line = self._server_line()
         if line != self.last_line and now - self.last_time >= SERVER_LINE_SECONDS:
             self.note(line)
             self.last_line, self.last_time = line, now
 
     def close(self, summary: dict) -> None:
+        served = "backend" in summary  # a run on a server: each turn's usage says its cached tokens
         for agent in summary["agents"]:
-            cached = agent["cached_tokens_total"]
+            figures = _prompt_figures(agent) if served else f"context {agent['context_tokens']}"
             self._print(f"{agent['name']:<{self.name_width}} {agent['status']:<11} {agent['end_reason'] or '-':<13} "
-                        f"turns {agent['turns']:<3} generated {agent['generated_tokens']:<6} "
-                        f"prompt {agent['prompt_tokens_total']:<7} cached "
-                        f"{'unavailable' if cached is None else cached}")
-        if self.server is not None:
-            self.note(f"server KV {describe_server_kv(self.server)} · {describe_server_cache(self.server)}")
-        self.note(f"{summary['status']}: {describe_agents_cache(self.agents)}; summary in "
-                  f"{summary['run_dir']}/summary.json")
+                        f"turns {agent['turns']:<3} generated {agent['generated_tokens']:<6} {figures}")
+        if served and self.memory is not None:
+            self.note(self._server_line())
+        shared = describe_agents_cache(self.agents) if served else _trunk_shared(summary["memory"])
+        self.note(f"{summary['status']}: {shared}; summary in {summary['run_dir']}/summary.json")
+
+    def _server_line(self) -> str:
+        return f"server KV {describe_server_kv(self.memory)} · {describe_server_cache(self.memory)}"
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
 
 
-def describe_server_kv(server: ServerMemory) -> str:
+def _trunk_shared(memory: dict) -> str:
+    return f"trunk {memory['trunk_tokens']} tokens shared, {memory['bytes_saved']} bytes of KV saved at the peak"
+
+
+def _prompt_figures(agent: dict) -> str:
+    cached = agent["cached_tokens_total"]
+    return f"prompt {agent['prompt_tokens_total']:<7} cached {'unavailable' if cached is None else cached}"
+
+
+def where(info: RunInfo) -> str:
+    """Where the model runs, in words."""
+    if info.base_url:
+        return f"on the {info.facts.kind} server {info.base_url}"
+    return f"on {info.device} ({info.dtype})"
+
+
+def describe_server_kv(memory: RunMemory) -> str:
     """The server's KV cache in words, from what its /metrics gives."""
-    if not server.available:
-        return f"unavailable ({server.note})"
-    latest, parts = server.latest, []
+    if not memory.available:
+        return f"unavailable ({memory.note})"
+    latest, parts = memory.latest, []
     if latest.kv_usage is not None:
-        parts.append(f"{latest.kv_usage:.0%} in use (peak {server.peak.kv_usage or 0:.0%})")
+        parts.append(f"{latest.kv_usage:.0%} in use (peak {memory.peak.kv_usage or 0:.0%})")
     if latest.kv_used_tokens is not None and latest.kv_total_tokens:
         parts.append(f"{latest.kv_used_tokens:,} of {latest.kv_total_tokens:,} tokens")
     if latest.kv_used_bytes is not None and latest.kv_total_bytes:
@@ -122,11 +106,11 @@ def describe_server_kv(server: ServerMemory) -> str:
         parts.append(f"shared {format_bytes(latest.kv_shared_bytes)}")
     if latest.kv_saved_bytes is not None:
         parts.append(f"saved {format_bytes(latest.kv_saved_bytes)} against no sharing")
-    return " · ".join(parts) or f"unavailable ({server.latest.source} gives no KV figures)"
+    return " · ".join(parts) or f"unavailable ({memory.latest.source} gives no KV figures)"
 
 
-def describe_server_cache(server: ServerMemory) -> str:
-    latest, rate = server.latest, server.prefix_hit_rate
+def describe_server_cache(memory: RunMemory) -> str:
+    latest, rate = memory.latest, memory.prefix_hit_rate
 
     def count(value: int | None) -> str:
         return "unavailable" if value is None else str(value)
@@ -134,15 +118,14 @@ def describe_server_cache(server: ServerMemory) -> str:
             f"{count(latest.requests_running)} running · {count(latest.requests_waiting)} waiting")
 
 
-def describe_agents_cache(agents: list[RemoteAgent]) -> str:
+def describe_agents_cache(agents: list[Agent]) -> str:
     """What the agents' turns found in the server's prefix cache, from each reply's usage."""
-    prompt = sum(agent.prompt_tokens_total for agent in agents)
-    cached = [agent.cached_tokens_total for agent in agents if agent.cached_tokens_total is not None]
+    prompt, cached = prompt_totals(agents)
     if not prompt:
         return "no turn finished yet"
-    if not cached:
+    if cached is None:
         return f"{prompt:,} prompt tokens sent; cached {NO_CACHED_TOKENS}"
-    return f"{sum(cached):,} of {prompt:,} prompt tokens came from the server's cache ({sum(cached) / prompt:.0%})"
+    return f"{cached:,} of {prompt:,} prompt tokens came from the server's cache ({cached / prompt:.0%})"
 
 
 def describe(event: AgentEvent) -> str:

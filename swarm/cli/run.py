@@ -15,7 +15,7 @@ from swarm.run.stop_flag import StopFlag
 from swarm.spec.schema import SwarmSpec, load_spec
 
 if TYPE_CHECKING:
-    from swarm.cli.plain_view import RunView
+    from swarm.run.view import RunView
 
 
 def run(
@@ -43,36 +43,26 @@ def run(
     from swarm.trunk.fit import check_trunk_fits
 
     check_trunk_fits(swarm_spec, base)
+    from swarm.run.phases import SwarmRun, backend_for
+
     run_dir = new_run_dir(base, spec)
     stream = sys.stderr if as_json else sys.stdout
-    remote = swarm_spec.backend.is_remote
-    view = make_view(stream, tui=not no_tui and stream.isatty(), remote=remote)
-    runner = runner_class(remote)
+    view = make_view(stream, tui=not no_tui and stream.isatty())
     stop = StopFlag()
     with stop.installed():
-        summary = runner(swarm_spec, run_dir, view, stop).run()
+        summary = SwarmRun(swarm_spec, run_dir, view, stop, backend_for(swarm_spec)).run()
     if as_json:
         print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
     if summary["status"] == "interrupted":
         raise typer.Exit(stop.exit_code)
 
 
-def runner_class(remote: bool):
-    """The run for a spec's backend: swarm's own engine, or an OpenAI-compatible server."""
-    if remote:
-        from swarm.run.remote_run import RemoteSwarmRun
-        return RemoteSwarmRun
-    from swarm.run.phases import SwarmRun
-    return SwarmRun
+def make_view(stream, tui: bool) -> RunView:
+    """The live dashboard in a terminal, else plain lines; each shows what the run's backend can know."""
+    from swarm.cli.dashboard import Dashboard
+    from swarm.cli.plain_view import PlainView
 
-
-def make_view(stream, tui: bool, remote: bool = False) -> RunView:
-    from swarm.cli.dashboard import Dashboard, RemoteDashboard
-    from swarm.cli.plain_view import PlainView, RemotePlainView
-
-    if tui:
-        return (RemoteDashboard if remote else Dashboard)(Console(file=stream))
-    return RemotePlainView(stream) if remote else PlainView(stream)
+    return Dashboard(Console(file=stream)) if tui else PlainView(stream)
 
 
 def out_folder(spec: SwarmSpec, option: Path | None) -> Path:

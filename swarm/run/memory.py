@@ -1,6 +1,9 @@
-"""The swarm's KV memory, read off the engine's own accounting (`engine.kv_stats()`).
+"""The run's KV memory over time (`RunMemory`), from whichever source its backend has: swarm's own
+engine (`observe_engine(engine.kv_stats())`, a `MemorySnapshot`) or a server's /metrics page
+(`observe(ServerMetrics)`, swarm/run/server_metrics.py). It keeps the latest reading, the first,
+the peak and why figures are missing; the engine's readings also give each agent's bytes.
 
-Every block in use is exactly one of three kinds, so the figures add up:
+In the engine's accounting every block in use is exactly one of three kinds, so the figures add up:
 
     used_bytes = shared_bytes          blocks two or more requests reference (the trunk, and
                                        any suffix blocks agents happen to have in common)
@@ -16,11 +19,29 @@ Sharing saves what each agent would otherwise hold a copy of:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
 
 from engine import KVStats, RequestKV
 
 TRUNK_REQUEST_ID = "(trunk)"
+NOT_READ = "not read yet"
+ENGINE_ONLY = ("block_size", "block_bytes", "bytes_per_token", "trunk_tokens", "trunk_blocks", "trunk_bytes",
+               "peak_private_bytes", "bytes_saved")
+"""Figures of the engine's own accounting: null in the memory document of a run on a server."""
+
+
+class KVReading(Protocol):
+    """One reading of the KV figures; None where its source does not say."""
+
+    @property
+    def peak_rank(self) -> float:
+        """The peak is the reading where this is highest: bytes saved (engine), share in use (server)."""
+
+    def hit_rate_since(self, first: "KVReading | None") -> float | None:
+        """The prefix cache's hit rate over the run, where the source counts hits."""
+
+    def to_dict(self) -> dict: ...
 
 
 @dataclass(slots=True)
@@ -35,6 +56,8 @@ class AgentMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemorySnapshot:
+    """A reading of the engine's own accounting."""
+
     used_bytes: int = 0
     total_bytes: int = 0
     shared_bytes: int = 0
@@ -48,67 +71,72 @@ class MemorySnapshot:
     prefix_hit_rate: float = 0.0
     tokens_computed: int = 0
 
+    @property
+    def peak_rank(self) -> float:
+        return self.bytes_saved
+
+    def hit_rate_since(self, first: KVReading | None) -> float:
+        return self.prefix_hit_rate  # the engine counts over its life: this run's
+
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-@dataclass(slots=True)
-class SwarmMemory:
-    agent_names: list[str]
-    block_size: int = 0
-    block_bytes: int = 0
-    bytes_per_token: int = 0
-    trunk_tokens: int = 0
-    trunk_blocks: int = 0
-    agents: dict[str, AgentMemory] = field(default_factory=dict)
-    latest: MemorySnapshot = field(default_factory=MemorySnapshot)
-    peak: MemorySnapshot = field(default_factory=MemorySnapshot)
-    peak_used_bytes: int = 0
-    peak_private_bytes: int = 0
-    samples: int = 0
+class RunMemory:
+    def __init__(self, empty: KVReading, agent_names: list[str] = (), metrics_url: str = ""):
+        self.latest = self.peak = empty
+        """What the views show before the first reading: zeros (engine) or unavailable (server)."""
+        self.first: KVReading | None = None
+        self.samples = 0
+        self.note = NOT_READ
+        """Why there is no reading, when there is none."""
+        self.metrics_url = metrics_url
+        self.agents = {name: AgentMemory() for name in agent_names}
+        self.block_size = self.block_bytes = self.bytes_per_token = 0
+        self.trunk_tokens = self.trunk_blocks = 0
+        self.peak_used_bytes = self.peak_private_bytes = 0
 
-    def __post_init__(self):
-        self.agents = {name: AgentMemory() for name in self.agent_names}
+    @property
+    def available(self) -> bool:
+        return self.samples > 0
 
     @property
     def trunk_bytes(self) -> int:
         return self.trunk_blocks * self.block_bytes
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.latest.hit_rate_since(self.first)
+
     def set_trunk(self, tokens: int, blocks: int) -> None:
         self.trunk_tokens, self.trunk_blocks = tokens, blocks
 
-    def observe(self, stats: KVStats) -> MemorySnapshot:
+    def observe(self, reading: KVReading | None, note: str = "") -> None:
+        """A new reading, or None and why there is none (a server's page could not be read)."""
+        if reading is None:
+            self.note = note
+            return
+        self.first = self.first or reading
+        self.latest, self.note = reading, ""
+        self.samples += 1
+        if reading.peak_rank >= self.peak.peak_rank:
+            self.peak = reading
+
+    def observe_engine(self, stats: KVStats) -> MemorySnapshot:
         self.block_size, self.block_bytes, self.bytes_per_token = \
             stats.block_size, stats.block_bytes, stats.bytes_per_token
         by_id = {request.request_id: request for request in stats.requests}
         for name, memory in self.agents.items():
             _update(memory, by_id.get(name))
-        snapshot = self._snapshot(stats, by_id)
-        self.samples += 1
-        self.latest = snapshot
-        if snapshot.bytes_saved >= self.peak.bytes_saved:
-            self.peak = snapshot
+        snapshot = _snapshot(stats, [by_id[name] for name in self.agents if name in by_id],
+                             by_id.get(TRUNK_REQUEST_ID))
+        self.observe(snapshot)
         self.peak_used_bytes = max(self.peak_used_bytes, snapshot.used_bytes)
         self.peak_private_bytes = max(self.peak_private_bytes, snapshot.private_bytes)
         return snapshot
 
-    def _snapshot(self, stats: KVStats, by_id: dict[str, RequestKV]) -> MemorySnapshot:
-        agents = [by_id[name] for name in self.agents if name in by_id]
-        trunk = by_id.get(TRUNK_REQUEST_ID)
-        shared = stats.blocks_shared * stats.block_bytes
-        private = sum(r.private_bytes for r in agents)
-        trunk_private = trunk.private_bytes if trunk else 0
-        pinned_only = stats.used_bytes - shared - private - trunk_private
-        assert pinned_only >= 0, "a block in use that no request references must be pinned"
-        agent_shared = sum(r.shared_bytes for r in agents)
-        return MemorySnapshot(
-            used_bytes=stats.used_bytes, total_bytes=stats.total_bytes, shared_bytes=shared,
-            private_bytes=private, trunk_private_bytes=trunk_private, pinned_only_bytes=pinned_only,
-            bytes_without_sharing=agent_shared + private, bytes_saved=max(0, agent_shared - shared),
-            agents_with_kv=len(agents), agents_sharing=sum(1 for r in agents if r.shared_blocks),
-            prefix_hit_rate=stats.prefix_hit_rate, tokens_computed=stats.tokens_computed)
-
-    def to_dict(self) -> dict:
+    def engine_dict(self) -> dict:
+        """summary.json's memory for a run on swarm's own engine."""
         return {
             "block_size": self.block_size, "block_bytes": self.block_bytes,
             "bytes_per_token": self.bytes_per_token, "pool_bytes": self.latest.total_bytes,
@@ -117,6 +145,32 @@ class SwarmMemory:
             "bytes_saved": self.peak.bytes_saved, "peak": self.peak.to_dict(), "final": self.latest.to_dict(),
             "samples": self.samples,
         }
+
+    def server_dict(self) -> dict:
+        """summary.json's memory for a run on a server: its /metrics figures, null where it has none."""
+        return dict.fromkeys(ENGINE_ONLY) | {
+            "source": self.latest.source or None, "metrics_url": self.metrics_url,
+            "available": self.available, "note": self.note or None, "samples": self.samples,
+            "prefix_hit_rate": self.prefix_hit_rate, "peak_kv_usage": self.peak.kv_usage,
+            "peak_used_bytes": self.peak.kv_used_bytes, "pool_bytes": self.latest.kv_total_bytes,
+            "pool_tokens": self.latest.kv_total_tokens,
+            "peak": self.peak.to_dict() if self.available else None,
+            "final": self.latest.to_dict() if self.available else None}
+
+
+def _snapshot(stats: KVStats, agents: list[RequestKV], trunk: RequestKV | None) -> MemorySnapshot:
+    shared = stats.blocks_shared * stats.block_bytes
+    private = sum(r.private_bytes for r in agents)
+    trunk_private = trunk.private_bytes if trunk else 0
+    pinned_only = stats.used_bytes - shared - private - trunk_private
+    assert pinned_only >= 0, "a block in use that no request references must be pinned"
+    agent_shared = sum(r.shared_bytes for r in agents)
+    return MemorySnapshot(
+        used_bytes=stats.used_bytes, total_bytes=stats.total_bytes, shared_bytes=shared,
+        private_bytes=private, trunk_private_bytes=trunk_private, pinned_only_bytes=pinned_only,
+        bytes_without_sharing=agent_shared + private, bytes_saved=max(0, agent_shared - shared),
+        agents_with_kv=len(agents), agents_sharing=sum(1 for r in agents if r.shared_blocks),
+        prefix_hit_rate=stats.prefix_hit_rate, tokens_computed=stats.tokens_computed)
 
 
 def _update(memory: AgentMemory, request: RequestKV | None) -> None:

@@ -1,8 +1,8 @@
-"""From a spec to agents ready to start: workspaces and tool boxes for every backend
-(`prepare_ground`), prompts and `Agent`s for the local engine (`set_up_agents`).
+"""From a spec to agents ready to start, for every backend: the workspaces, the trunk's rules and
+tools (`prepare_ground`), and the `Agent`s with their tool boxes and sampling (`make_agents`). Each
+backend makes the prompts its own way (swarm/run/local_backend.py, swarm/run/openai_backend.py).
 
     <run>/workspaces/<agent>/   each agent's copy of the project (mode "copy")
-    prompts                     the canonical trunk + each agent's suffix (swarm/trunk/canonical.py)
     ToolBox                     the harness's tools that swarm implements, confined to the workspace
 """
 from __future__ import annotations
@@ -12,15 +12,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from engine import SamplingParams, SpecError, Tokenizer
+from engine import SamplingParams, SpecError
 from swarm.agents.agent import Agent, AgentEvent, AgentLimits
-from swarm.agents.tool_response import ToolResponseFormat
 from swarm.agents.tools import TOOLS, ToolBox
 from swarm.agents.workspace import Workspace, prepare_workspace
 from swarm.spec.harness import load_harness
 from swarm.spec.schema import AgentSpec, SwarmSpec
-from swarm.trunk.canonical import PromptSet, TrunkSource, build_prompts, trunk_source
-from swarm.trunk.suffix import Environment, first_user_message
+from swarm.trunk.canonical import TrunkSource, trunk_source
+from swarm.trunk.suffix import Environment
 
 TURN_STOP = ["</tool_call>"]
 """A turn ends right after its tool call: the harness asks for one call per turn."""
@@ -42,14 +41,6 @@ class SwarmGround:
                        max_command_timeout=spec.run_command.timeout)
 
 
-@dataclass(slots=True)
-class SwarmSetup:
-    prompts: PromptSet
-    agents: list[Agent]
-    workspaces: dict[str, Workspace]
-    environments: dict[str, Environment]
-
-
 def prepare_ground(spec: SwarmSpec, run_dir: Path) -> SwarmGround:
     source = trunk_source(load_harness(spec.harness), spec)
     tool_names = [segment.tool["function"]["name"] for segment in source.tools]
@@ -60,27 +51,13 @@ def prepare_ground(spec: SwarmSpec, run_dir: Path) -> SwarmGround:
     return SwarmGround(source, tool_names, workspaces, environments)
 
 
-def set_up_agents(spec: SwarmSpec, tokenizer: Tokenizer, max_context: int, run_dir: Path,
-                  emit: Callable[[AgentEvent], None]) -> SwarmSetup:
-    ground = prepare_ground(spec, run_dir)
-    prompts = build_prompts(tokenizer, ground.source, spec.agents, ground.environments)
-    responses = ToolResponseFormat(tokenizer)
+def make_agents(spec: SwarmSpec, ground: SwarmGround, prompt_tokens: dict[str, int | None], max_context: int | None,
+                usage: bool, emit: Callable[[AgentEvent], None]) -> list[Agent]:
+    """The spec's agents. `usage`: their backend reports each turn's prompt usage (a server)."""
     limits = AgentLimits(spec.limits.max_turns, spec.limits.max_tokens, max_context)
-    agents = [Agent(agent_spec.name, prompt.prompt_ids, ground.toolbox(spec, agent_spec.name), responses,
-                    sampling_params(spec, index), limits, emit)
-              for index, (agent_spec, prompt) in enumerate(zip(spec.agents, prompts.agents))]
-    return SwarmSetup(prompts, agents, ground.workspaces, ground.environments)
-
-
-def first_messages(setup: SwarmSetup, spec: SwarmSpec) -> dict[str, list[dict]]:
-    """Each agent's system and first user message, as its transcript records them."""
-    messages = {}
-    for agent_spec, prompt in zip(spec.agents, setup.prompts.agents):
-        user = first_user_message(agent_spec, setup.environments[agent_spec.name])
-        messages[agent_spec.name] = [
-            {"role": "system", "rendered": prompt.system_text, "tokens": len(prompt.system_ids)},
-            {"role": "user", "content": user, "rendered": prompt.suffix_text, "tokens": len(prompt.suffix_ids)}]
-    return messages
+    return [Agent(agent.name, ground.toolbox(spec, agent.name), sampling_params(spec, index), limits, emit,
+                  prompt_tokens=prompt_tokens[agent.name], usage=usage)
+            for index, agent in enumerate(spec.agents)]
 
 
 def _workspace(spec: SwarmSpec, agent: AgentSpec, run_dir: Path) -> Workspace:

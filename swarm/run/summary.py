@@ -11,8 +11,9 @@ sampling.max_tokens, with no call in it), max_turns, max_tokens (limits.max_toke
 context_full, wall_time, interrupted (Ctrl-C, SIGTERM) or error. A turn the run cut short
 counts in "turns"; its transcript event is marked "partial".
 
-A run on a remote server (swarm/run/remote_run.py) adds "backend" and cached-token figures, and its
-"memory" comes from the server's /metrics (swarm/run/server_memory.py), null where it has none.
+One builder for every backend, showing what its backend can know (swarm/run/facts.py): a run on
+a server adds "backend" and the cached-token figures of each turn's usage, and its "memory" comes
+from the server's /metrics (swarm/run/server_metrics.py), null where it has none.
 """
 from __future__ import annotations
 
@@ -22,16 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.agents.agent import Agent
-from swarm.agents.progress import AgentProgress
-from swarm.run.memory import SwarmMemory
-from swarm.run.remote_agent import RemoteAgent
-from swarm.run.server_memory import ServerMemory
+from swarm.run.facts import LOCAL_FACTS, BackendFacts
+from swarm.run.memory import RunMemory
 from swarm.run.transcript import transcript_path
 
 SUMMARY_FILE = "summary.json"
-LOCAL_ONLY_MEMORY = ("block_size", "block_bytes", "bytes_per_token", "trunk_tokens", "trunk_blocks",
-                     "trunk_bytes", "peak_private_bytes", "bytes_saved")
-"""Memory figures only swarm's own engine knows; null in a remote run's summary."""
 
 
 @dataclass(slots=True)
@@ -47,8 +43,9 @@ class RunInfo:
     weight_bytes: int = 0
     trunk_sha256: str = ""
     started_at: str = ""
-    backend: str = "local"
+    facts: BackendFacts = LOCAL_FACTS
     base_url: str = ""
+    """The server's address, for a run on one."""
 
 
 @dataclass(slots=True)
@@ -64,34 +61,16 @@ class RunTimings:
     decode_tokens: int = 0
 
 
-def build_summary(info: RunInfo, status: str, agents: list[Agent], memory: SwarmMemory,
+def build_summary(info: RunInfo, status: str, agents: list[Agent], memory: RunMemory,
                   timings: RunTimings, workspaces: dict[str, str], error: str = "") -> dict:
-    generated = sum(agent.generated_tokens for agent in agents)
+    facts = info.facts
     summary = _run_fields(info, status, timings, error)
-    summary["tokens"] = {"generated": generated,
-                         "tool_results": sum(agent.tool_tokens for agent in agents),
-                         "computed": memory.latest.tokens_computed,
-                         "decode_tok_per_s": _rate(timings.decode_tokens, timings.decode_seconds)}
-    summary["memory"] = memory.to_dict()
-    summary["agents"] = [_agent(agent, memory, info.run_dir, workspaces.get(agent.name, "")) for agent in agents]
-    return summary
-
-
-def build_remote_summary(info: RunInfo, status: str, agents: list[RemoteAgent], server: ServerMemory,
-                         timings: RunTimings, workspaces: dict[str, str], error: str = "") -> dict:
-    """The same document for a run on a remote server: token figures from each turn's usage,
-    memory figures from the server's /metrics, null where the server does not give them."""
-    generated = sum(agent.generated_tokens for agent in agents)
-    prompt = sum(agent.prompt_tokens_total for agent in agents)
-    cached = [agent.cached_tokens_total for agent in agents if agent.cached_tokens_total is not None]
-    summary = _run_fields(info, status, timings, error)
-    summary["backend"] = {"type": info.backend, "base_url": info.base_url, "model": info.model}
-    summary["tokens"] = {"generated": generated, "tool_results": sum(agent.tool_tokens for agent in agents),
-                         "prompt": prompt, "cached": sum(cached) if cached else None,
-                         "computed": prompt - sum(cached) + generated if cached else None,
-                         "decode_tok_per_s": _rate(generated, timings.agents_seconds)}
-    summary["memory"] = dict.fromkeys(LOCAL_ONLY_MEMORY) | server.to_dict()
-    summary["agents"] = [_remote_agent(agent, info.run_dir, workspaces.get(agent.name, "")) for agent in agents]
+    if info.base_url:  # the server it ran on
+        summary["backend"] = {"type": facts.kind, "base_url": info.base_url, "model": info.model}
+    summary["tokens"] = _tokens(agents, memory, timings, facts)
+    summary["memory"] = memory.server_dict() if facts.server_metrics else memory.engine_dict()
+    summary["agents"] = [_agent_fields(agent, memory, facts, info.run_dir, workspaces.get(agent.name, ""))
+                         for agent in agents]
     return summary
 
 
@@ -116,24 +95,29 @@ def _run_fields(info: RunInfo, status: str, timings: RunTimings, error: str) -> 
     return fields
 
 
-def _agent(agent: Agent, memory: SwarmMemory, run_dir: Path, workspace: str) -> dict:
-    kv = memory.agents[agent.name]
-    return _agent_fields(agent, run_dir, workspace, prompt_tokens=len(agent.prompt_ids),
-                         shared_bytes=kv.peak_shared_bytes, peak_private_bytes=kv.peak_private_bytes)
+def _tokens(agents: list[Agent], memory: RunMemory, timings: RunTimings, facts: BackendFacts) -> dict:
+    """Token counts: what the engine computed, or what the servers' usage says it computed."""
+    generated = sum(agent.generated_tokens for agent in agents)
+    tokens = {"generated": generated, "tool_results": sum(agent.tool_tokens for agent in agents)}
+    if facts.cached_tokens:
+        prompt, cached = prompt_totals(agents)
+        computed = None if cached is None else prompt - cached + generated
+        tokens |= {"prompt": prompt, "cached": cached, "computed": computed}
+    else:
+        tokens["computed"] = memory.latest.tokens_computed
+    tokens["decode_tok_per_s"] = (_rate(timings.decode_tokens, timings.decode_seconds) if facts.step_timing
+                                  else _rate(generated, timings.agents_seconds))
+    return tokens
 
 
-def _remote_agent(agent: RemoteAgent, run_dir: Path, workspace: str) -> dict:
-    """Per-agent KV bytes are known to the local engine only: null here; cached tokens instead."""
-    return _agent_fields(agent, run_dir, workspace, prompt_tokens=agent.prompt_tokens,
-                         shared_bytes=None, peak_private_bytes=None,
-                         prompt_tokens_total=agent.prompt_tokens_total,
-                         cached_tokens_total=agent.cached_tokens_total,
-                         first_turn_cached_tokens=agent.first_cached_tokens,
-                         last_turn_prompt_tokens=agent.last_prompt_tokens,
-                         last_turn_cached_tokens=agent.last_cached_tokens)
+def prompt_totals(agents: list[Agent]) -> tuple[int, int | None]:
+    """The prompt tokens the agents' turns sent, and how many the server had cached (None: it never said)."""
+    prompt = sum(agent.usage.prompt_tokens_total for agent in agents)
+    cached = [agent.usage.cached_tokens_total for agent in agents if agent.usage.cached_tokens_total is not None]
+    return prompt, sum(cached) if cached else None
 
 
-def _agent_fields(agent: AgentProgress, run_dir: Path, workspace: str, **backend_fields) -> dict:
+def _agent_fields(agent: Agent, memory: RunMemory, facts: BackendFacts, run_dir: Path, workspace: str) -> dict:
     data = {
         "name": agent.name,
         "status": agent.state.value,
@@ -146,13 +130,30 @@ def _agent_fields(agent: AgentProgress, run_dir: Path, workspace: str, **backend
         "seconds": round(agent.seconds, 3),
         "first_token_seconds": _since(agent.started_at, agent.first_token_at),
         "tool_seconds": round(agent.tool_seconds, 3),
-        **backend_fields,
+        "prompt_tokens": agent.prompt_tokens,
+        **_kv_fields(agent, memory, facts),
         "workspace": workspace,
         "transcript": transcript_path(run_dir, agent.name).name,
     }
     if agent.error:
         data["error"] = agent.error
     return data
+
+
+def _kv_fields(agent: Agent, memory: RunMemory, facts: BackendFacts) -> dict:
+    """The most KV the agent held, where the engine counts it per agent; its cached prompt
+    tokens, where each turn's usage says them."""
+    fields = {"shared_bytes": None, "peak_private_bytes": None}
+    if facts.per_agent_kv_bytes:
+        kv = memory.agents[agent.name]
+        fields = {"shared_bytes": kv.peak_shared_bytes, "peak_private_bytes": kv.peak_private_bytes}
+    if facts.cached_tokens:
+        usage = agent.usage
+        fields |= {"prompt_tokens_total": usage.prompt_tokens_total, "cached_tokens_total": usage.cached_tokens_total,
+                   "first_turn_cached_tokens": usage.first_cached_tokens,
+                   "last_turn_prompt_tokens": usage.last_prompt_tokens,
+                   "last_turn_cached_tokens": usage.last_cached_tokens}
+    return fields
 
 
 def _timings(timings: RunTimings) -> dict:

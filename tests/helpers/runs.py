@@ -3,6 +3,7 @@ sampler that makes the real engine "generate" scripted text."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -17,6 +18,14 @@ from tests.helpers.tiny_models import CHAT_TEMPLATE, build_tokenizer, make_tiny_
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_WORKSPACE = REPO / "swarm" / "example_workspace"
 EOS_ID = 2  # "<|im_end|>" in the tiny tokenizer
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""The environment the `swarm` subprocesses of the tests run in."""
+
+
+def swarm(*args, **kwargs) -> subprocess.Popen:
+    """`python -m swarm ARGS` in the repository, its output piped."""
+    return subprocess.Popen([sys.executable, "-m", "swarm", *map(str, args)], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 def read_transcript(path: Path) -> list[dict]:

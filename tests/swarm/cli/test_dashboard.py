@@ -10,13 +10,13 @@ from rich.console import Console
 from engine.llm_engine import EngineOptions, LLMEngine
 from swarm.agents.agent import Agent, AgentLimits, AgentState, ToolJob
 from swarm.cli.dashboard import Dashboard, memory_bar, pool_label
-from swarm.run.memory import MemorySnapshot, SwarmMemory
+from swarm.run.local_backend import LocalBackend
+from swarm.run.memory import MemorySnapshot, RunMemory
 from swarm.run.phases import SwarmRun
 from swarm.run.summary import RunInfo
 from swarm.spec.kv_budget import format_bytes
 from swarm.spec.schema import load_spec
-from tests.helpers.runs import REPO, ScriptedSampler, tiny_model, write_run_spec
-from tests.swarm.cli.test_run import ENV
+from tests.helpers.runs import ENV, REPO, ScriptedSampler, tiny_model, write_run_spec
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -44,13 +44,13 @@ def test_swarm_run_in_a_terminal_shows_the_live_table_with_a_row_per_agent(tmp_p
 
 @pytest.fixture
 def dashboard_parts():
-    memory = SwarmMemory(["a1", "a2"])
+    memory = RunMemory(MemorySnapshot(), ["a1", "a2"])
     memory.set_trunk(100, 7)
     memory.block_bytes = 1000
     memory.latest = MemorySnapshot(used_bytes=12_000, total_bytes=100_000, shared_bytes=6000, bytes_saved=6000,
                                    agents_sharing=2, prefix_hit_rate=0.75)
     memory.agents["a1"].shared_bytes, memory.agents["a1"].private_bytes = 6000, 2000
-    agents = [Agent(name, [1, 2, 3], None, None, None, AgentLimits(5, 100, 1000), lambda e: None)
+    agents = [Agent(name, None, None, AgentLimits(5, 100, 1000), lambda e: None, prompt_tokens=3)
               for name in ("a1", "a2")]
     agents[0].state, agents[0].turn, agents[0].last_tool = AgentState.TOOL, 2, "read_file"
     return RunInfo("run-1", REPO, "swarm.yaml", "tiny", "cpu", "float32", 1_000_000), agents, memory
@@ -96,7 +96,7 @@ def test_the_final_frame_shows_each_agents_end_reason_and_peak_memory(tmp_path, 
     engine.sampler = ScriptedSampler(engine, scripts)
     (tmp_path / "run").mkdir()
     dashboard = Dashboard(Console(file=io.StringIO(), width=200))
-    run = SwarmRun(spec, tmp_path / "run", dashboard, engine=engine)
+    run = SwarmRun(spec, tmp_path / "run", dashboard, backend=LocalBackend(spec, engine))
     late = []
     run.clock = lambda: time.monotonic() + (3600 if late else 0)
 

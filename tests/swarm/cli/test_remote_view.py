@@ -5,30 +5,36 @@ from pathlib import Path
 from rich.console import Console
 
 from engine.sampling import SamplingParams
+from swarm.agents.agent import Agent, AgentLimits
 from swarm.agents.progress import AgentState
-from swarm.cli.dashboard import RemoteDashboard
-from swarm.cli.plain_view import RemotePlainView
-from swarm.run.remote_agent import RemoteAgent
-from swarm.run.server_memory import ServerMemory, ServerMetrics
+from swarm.cli.dashboard import Dashboard
+from swarm.cli.plain_view import PlainView
+from swarm.run.facts import OPENAI_FACTS
+from swarm.run.memory import RunMemory
+from swarm.run.server_metrics import ServerMetrics
 from swarm.run.summary import RunInfo
-from swarm.spec.schema import LimitsSpec
 
 INFO = RunInfo("run-1", Path("/runs/run-1"), "swarm.yaml", model="Qwen/Qwen3-8B", device="remote",
-               backend="openai", base_url="http://gpu:8000/v1")
+               facts=OPENAI_FACTS, base_url="http://gpu:8000/v1")
 
 
-def agents() -> list[RemoteAgent]:
-    made = [RemoteAgent(name, [], [], None, SamplingParams(), LimitsSpec(), lambda e: None) for name in ("a1", "a2")]
+def agents() -> list[Agent]:
+    made = [Agent(name, None, SamplingParams(), AgentLimits(30, 32768), lambda e: None, usage=True)
+            for name in ("a1", "a2")]
     first, second = made
     first.state, first.turn, first.last_tool = AgentState.TOOL, 2, "read_file"
-    first.prompt_tokens_total, first.cached_tokens_total = 3000, 2400
-    first.last_prompt_tokens, first.last_cached_tokens, first.context = 1600, 1200, 1650
+    first.usage.prompt_tokens_total, first.usage.cached_tokens_total = 3000, 2400
+    first.usage.last_prompt_tokens, first.usage.last_cached_tokens, first.context = 1600, 1200, 1650
     second.state = AgentState.PREFILL
     return made
 
 
-def frame(server: ServerMemory) -> str:
-    dashboard = RemoteDashboard(Console(record=True, width=220))
+def server_memory() -> RunMemory:
+    return RunMemory(ServerMetrics(), metrics_url="http://gpu:8000/metrics")
+
+
+def frame(server: RunMemory) -> str:
+    dashboard = Dashboard(Console(record=True, width=220))
     dashboard.info, dashboard.agents, dashboard.memory = INFO, agents(), server
     console = Console(record=True, width=220)
     console.print(dashboard.render())
@@ -36,7 +42,7 @@ def frame(server: ServerMemory) -> str:
 
 
 def test_remote_frame_shows_the_server_and_cached_tokens_per_agent():
-    server = ServerMemory("http://gpu:8000/metrics")
+    server = server_memory()
     server.observe(ServerMetrics("vllm", kv_usage=0.37, kv_used_tokens=12_000, kv_total_tokens=32_768,
                                  prefix_cache_hits=0.0, prefix_cache_queries=0.0, requests_running=2,
                                  requests_waiting=0))
@@ -58,7 +64,7 @@ def test_remote_frame_shows_the_server_and_cached_tokens_per_agent():
 
 
 def test_without_metrics_every_server_figure_is_unavailable():
-    server = ServerMemory("http://gpu:8000/metrics")
+    server = server_memory()
     server.observe(None, "the server has no http://gpu:8000/metrics (404)")
     text = frame(server)
     assert "unavailable (the server has no http://gpu:8000/metrics (404))" in text
@@ -67,18 +73,19 @@ def test_without_metrics_every_server_figure_is_unavailable():
 
 def test_plain_view_prints_the_server_line_and_the_cached_tokens_at_the_end():
     stream = io.StringIO()
-    view = RemotePlainView(stream)
-    server = ServerMemory("http://gpu:8000/metrics")
+    view = PlainView(stream)
+    server = server_memory()
     server.observe(ServerMetrics("sglang", kv_usage=0.28, prefix_hit_rate=0.5, requests_running=4,
                                  requests_waiting=2))
     made = agents()
     view.start(INFO, made, server)
     view.refresh(10.0)
     view.refresh(10.0)  # unchanged, and too soon: not printed again
-    made[1].cached_tokens_total, made[1].prompt_tokens_total = None, 500
-    view.close({"status": "completed", "run_dir": "/runs/run-1", "agents": [
-        {"name": a.name, "status": "done", "end_reason": "final_answer", "turns": 1, "generated_tokens": 9,
-         "prompt_tokens_total": a.prompt_tokens_total, "cached_tokens_total": a.cached_tokens_total} for a in made]})
+    made[1].usage.cached_tokens_total, made[1].usage.prompt_tokens_total = None, 500
+    view.close({"status": "completed", "run_dir": "/runs/run-1", "backend": {"type": "openai"},
+                "agents": [{"name": a.name, "status": "done", "end_reason": "final_answer", "turns": 1,
+                            "generated_tokens": 9, "prompt_tokens_total": a.usage.prompt_tokens_total,
+                            "cached_tokens_total": a.usage.cached_tokens_total} for a in made]})
     lines = stream.getvalue().splitlines()
     assert lines[0] == ("swarm: run run-1: 2 agents, Qwen/Qwen3-8B on the openai server http://gpu:8000/v1, "
                         "writing to /runs/run-1")

@@ -1,6 +1,5 @@
 """`swarm run` as a user runs it: a subprocess on a tiny random model."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -8,21 +7,16 @@ import sys
 import pytest
 
 from tests.helpers.runs import (
+    ENV,
     EXAMPLE_WORKSPACE,
     REPO,
     interrupt_once_decoding,
     read_transcript,
+    swarm,
     tiny_model,
     write_run_spec,
 )
 from tests.helpers.spec_files import alias_bomb_tool
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def swarm(*args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "swarm", *map(str, args)], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 @pytest.fixture(scope="module")

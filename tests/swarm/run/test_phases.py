@@ -11,7 +11,8 @@ from engine.llm_engine import EngineOptions, LLMEngine
 from swarm.agents.agent import ToolJob
 from swarm.agents.command_runner import run_supervised
 from swarm.cli.plain_view import PlainView
-from swarm.run.memory import TRUNK_REQUEST_ID, SwarmMemory
+from swarm.run.local_backend import LocalBackend
+from swarm.run.memory import TRUNK_REQUEST_ID, MemorySnapshot, RunMemory
 from swarm.run.phases import SwarmRun, run_phases
 from swarm.run.stop_flag import StopFlag
 from swarm.spec.schema import load_spec
@@ -29,11 +30,11 @@ SCRIPTS = {
 }
 
 
-class RecordingMemory(SwarmMemory):
+class RecordingMemory(RunMemory):
     """Keeps every KVStats the run read, with the snapshot it made of it."""
 
-    def observe(self, stats):
-        snapshot = super().observe(stats)
+    def observe_engine(self, stats):
+        snapshot = super().observe_engine(stats)
         self.__dict__.setdefault("observed", []).append((stats, snapshot))
         return snapshot
 
@@ -47,8 +48,9 @@ def scripted_run(tmp_path_factory):
     engine.sampler = ScriptedSampler(engine, SCRIPTS)
     run_dir = folder / "runs" / "scripted"
     run_dir.mkdir(parents=True)
-    run = SwarmRun(spec, run_dir, PlainView(open(folder / "log.txt", "w")), engine=engine)
-    run.memory = RecordingMemory(run.memory.agent_names)
+    backend = LocalBackend(spec, engine)
+    backend.memory = RecordingMemory(MemorySnapshot(), list(SCRIPTS))
+    run = SwarmRun(spec, run_dir, PlainView(open(folder / "log.txt", "w")), backend=backend)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model gains nothing from threads, and a shared CPU punishes them
     try:
@@ -112,11 +114,11 @@ def test_transcript_records_messages_calls_results_and_token_counts(scripted_run
 
 def test_tool_results_are_appended_to_the_same_sequence_in_chat_format(scripted_run):
     run, _, _ = scripted_run
-    reader = next(a for a in run.agents if a.name == "reader")
-    tokenizer = run.engine.tokenizer
-    text = tokenizer.decode(reader.seq.token_ids, skip_special_tokens=False)
-    system = run.setup.prompts.agents[0]
-    assert reader.seq.token_ids[:len(run.setup.prompts.trunk.token_ids)] == run.setup.prompts.trunk.token_ids
+    reader = run.backend.sequence("reader")
+    tokenizer = run.backend.engine.tokenizer
+    text = tokenizer.decode(reader.token_ids, skip_special_tokens=False)
+    system = run.backend.prompts.agents[0]
+    assert reader.token_ids[:len(run.backend.prompts.trunk.token_ids)] == run.backend.prompts.trunk.token_ids
     assert text.startswith(tokenizer.decode(system.prompt_ids, skip_special_tokens=False))
     assert text.count("<|im_start|>user\n<tool_response>\n") == 3
     assert text.endswith("Fixed the formula in textkit/temperature.py.<|im_end|>")
@@ -144,7 +146,7 @@ def test_memory_figures_add_up_against_the_engines_accounting(scripted_run):
     run, summary, observed = scripted_run
     memory = summary["memory"]
     block_bytes, block_size = memory["block_bytes"], memory["block_size"]
-    trunk_tokens = len(run.setup.prompts.trunk.token_ids)
+    trunk_tokens = len(run.backend.prompts.trunk.token_ids)
     assert memory["trunk_tokens"] == trunk_tokens
     assert memory["trunk_blocks"] == math.ceil(trunk_tokens / block_size)
     assert memory["trunk_bytes"] == memory["trunk_blocks"] * block_bytes

@@ -14,24 +14,26 @@ import pytest
 
 from engine.sampling import SamplingParams
 from swarm.cli.main import main
-from swarm.cli.plain_view import RemotePlainView
+from swarm.cli.plain_view import PlainView
 from swarm.cli.serve import pin_trunk, spec_trunk_ids
+from swarm.run.local_backend import LocalBackend
+from swarm.run.openai_backend import OpenAIBackend
 from swarm.run.openai_client import AssistantReply, ChatClient, ContextFullError, RemoteError
-from swarm.run.phases import SwarmRun
-from swarm.run.remote_run import RemoteSwarmRun
+from swarm.run.phases import SwarmRun, backend_for
 from swarm.server.app import ServedModel
 from swarm.spec.backend import BackendSpec
 from swarm.spec.schema import load_spec
 from tests.helpers.runs import (
+    ENV,
     EOS_ID,
     ScriptedSampler,
     interrupt_once_decoding,
     read_transcript,
+    swarm,
     tiny_model,
     write_run_spec,
 )
 from tests.helpers.serving import MODEL, ServerThread, metric, parse_metrics, serve_cli, start_engine, wait_for
-from tests.swarm.cli.test_run import ENV, swarm
 
 
 def remote_spec(folder, model, base_url: str, served_model: str, **options):
@@ -169,7 +171,7 @@ def scripted_run(tmp_path_factory, model, scripted_server):
                                  agents=[{"name": name} for name in SCRIPTS], max_tokens=160))
     run_dir = folder / "runs" / "scripted"
     run_dir.mkdir(parents=True)
-    run = RemoteSwarmRun(spec, run_dir, RemotePlainView(open(folder / "log.txt", "w")))
+    run = SwarmRun(spec, run_dir, PlainView(open(folder / "log.txt", "w")))
     return run, run.run()
 
 
@@ -215,7 +217,7 @@ class HoldSlowMidTurn(AgentScriptedSampler):
     sampler holds 'slow' mid-turn and makes the run's clock jump an hour ahead: the run's wall
     time then cuts 'slow' short, as it would a turn that takes too long."""
 
-    def __init__(self, engine, run: RemoteSwarmRun, late: list):
+    def __init__(self, engine, run: SwarmRun, late: list):
         super().__init__(engine, {"quick": ["Nothing to do."], "slow": ["word " * 500]})
         self.run, self.late = run, late
         self.quick_answered, self.slow_tokens = False, 0
@@ -232,7 +234,8 @@ class HoldSlowMidTurn(AgentScriptedSampler):
 
     def _hold_slow(self) -> None:
         quick, slow = self.run.agents
-        assert wait_for(lambda: quick.ended and slow.reply is not None and slow.reply.pieces, timeout=60)
+        assert wait_for(lambda: quick.ended and (turn := self.run.backend.partial(slow)) is not None and turn.tokens,
+                        timeout=60)
         self.late.append(True)
         assert wait_for(lambda: slow.ended, timeout=60)
 
@@ -243,7 +246,7 @@ def test_the_wall_time_cuts_a_turn_short_and_the_run_says_wall_time(tmp_path, mo
         spec = load_spec(remote_spec(tmp_path, model, server.url + "/v1", MODEL,
                                      agents=[{"name": "quick"}, {"name": "slow"}], max_tokens=1000))
         (tmp_path / "run").mkdir()
-        run = RemoteSwarmRun(spec, tmp_path / "run", RemotePlainView(io.StringIO()))
+        run = SwarmRun(spec, tmp_path / "run", PlainView(io.StringIO()))
         late = []
         run.clock = lambda: time.monotonic() + (3600 if late else 0)
         engine.sampler = HoldSlowMidTurn(engine, run, late)
@@ -259,10 +262,11 @@ def test_the_wall_time_cuts_a_turn_short_and_the_run_says_wall_time(tmp_path, mo
     assert events[-1]["event"] == "end" and (events[-1]["reason"], events[-1]["turns"]) == ("wall_time", 1)
 
 
-def test_the_local_runner_stays_the_default():
-    from swarm.cli import run as run_cmd
-    assert run_cmd.runner_class(remote=False) is SwarmRun
-    assert run_cmd.runner_class(remote=True) is RemoteSwarmRun
+def test_the_local_backend_stays_the_default(tmp_path, model):
+    local = load_spec(write_run_spec(tmp_path / "local", model))
+    remote = load_spec(remote_spec(tmp_path / "remote", model, "http://127.0.0.1:9/v1", "tiny"))
+    assert type(backend_for(local)) is LocalBackend
+    assert type(backend_for(remote)) is OpenAIBackend
 
 
 def test_the_servers_refusals_become_errors_that_say_what_to_fix(scripted_server):

@@ -1,4 +1,5 @@
-"""The remote agent loop, driven by scripted server replies against a real workspace."""
+"""The agent loop on an OpenAI-compatible server, driven by scripted server replies against a real
+workspace: the agent, the run's loop (swarm/run/agent_loop.py) and the OpenAI backend are real."""
 import asyncio
 import copy
 import shutil
@@ -7,13 +8,15 @@ from types import SimpleNamespace
 import pytest
 
 from engine.sampling import SamplingParams
+from swarm.agents.agent import Agent, AgentLimits
 from swarm.agents.progress import AgentState
 from swarm.agents.tools import ToolBox
 from swarm.agents.workspace import Workspace
+from swarm.run.agent_loop import AgentLoop
+from swarm.run.openai_backend import OpenAIBackend
 from swarm.run.openai_client import AssistantReply, ContextFullError, RemoteError
-from swarm.run.remote_agent import RemoteAgent
-from swarm.spec.schema import LimitsSpec
-from tests.helpers.runs import EXAMPLE_WORKSPACE, TINY_HARNESS
+from swarm.spec.schema import load_spec
+from tests.helpers.runs import EXAMPLE_WORKSPACE, TINY_HARNESS, write_run_spec
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER = {"role": "user", "content": "# Agent\nName: a1\n# Task\nFix it."}
@@ -50,6 +53,9 @@ class ScriptedServer:
                                         prompt_tokens_details=SimpleNamespace(cached_tokens=cached)))
         return reply
 
+    async def close(self):
+        pass
+
 
 @pytest.fixture
 def workspace(tmp_path):
@@ -57,21 +63,45 @@ def workspace(tmp_path):
     return Workspace(tmp_path / "ws")
 
 
-def make_agent(workspace, events, max_turns=5, max_tokens=10_000) -> RemoteAgent:
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("spec")
+    path = write_run_spec(folder, folder / "no-model-needed", agents=[{"name": "a1"}])
+    path.write_text(path.read_text() + "backend: {type: openai, base_url: 'http://x/v1', model: m}\n")
+    return load_spec(path, check_model=False)
+
+
+def make_agent(workspace, events, max_turns=5, max_tokens=10_000) -> Agent:
     toolbox = ToolBox(workspace, ["read_file", "write_file"])
-    return RemoteAgent("a1", [SYSTEM, USER], TINY_HARNESS["tools"], toolbox, SamplingParams(max_tokens=64),
-                       LimitsSpec(max_turns=max_turns, max_tokens=max_tokens), events.append)
+    return Agent("a1", toolbox, SamplingParams(max_tokens=64), AgentLimits(max_turns=max_turns, max_tokens=max_tokens),
+                 events.append, usage=True)
 
 
-def run(agent: RemoteAgent, server: ScriptedServer) -> None:
-    asyncio.run(agent.run(server))
+def start(spec, agent: Agent, server: ScriptedServer) -> AgentLoop:
+    """The run's loop on the OpenAI backend, with the agent's first turn sent."""
+    backend = OpenAIBackend(spec, client=server)
+    first = backend.add_agent(agent.name, [SYSTEM, USER], TINY_HARNESS["tools"])
+    loop = AgentLoop(backend, [agent])
+    loop.start({agent.name: first})
+    return loop
+
+
+def run(spec, agent: Agent, server: ScriptedServer) -> None:
+    """The whole conversation, as the run drives it."""
+    loop = start(spec, agent, server)
+    try:
+        while not loop.done:
+            loop.resume_agents()
+            loop.advance()
+    finally:
+        loop.backend.close()
 
 
 def kinds(events) -> list[str]:
     return [event.kind for event in events]
 
 
-def test_structured_calls_run_and_their_results_answer_the_call_ids(workspace):
+def test_structured_calls_run_and_their_results_answer_the_call_ids(spec, workspace):
     events = []
     agent = make_agent(workspace, events)
     server = ScriptedServer([
@@ -79,7 +109,7 @@ def test_structured_calls_run_and_their_results_answer_the_call_ids(workspace):
                    structured("write_file", '{"path": "notes.txt", "content": "hi"}', "call_def")],
          "usage": (100, 30, 0)},
         {"content": "Done reading.", "usage": (260, 3, 130)}])
-    run(agent, server)
+    run(spec, agent, server)
     assert kinds(events) == ["message", "message", "prefilled", "assistant", "tool_call", "tool_call",
                              "tool_result", "tool_result", "prefilled", "assistant", "end"]
     assert agent.state is AgentState.DONE and agent.end_reason == "final_answer" and agent.tool_calls == 2
@@ -89,21 +119,22 @@ def test_structured_calls_run_and_their_results_answer_the_call_ids(workspace):
     assert [(m["role"], m["tool_call_id"]) for m in second[3:]] == [("tool", "call_abc"), ("tool", "call_def")]
     assert second[3]["content"].startswith("   1 | # textkit") and second[4]["content"].startswith("wrote")
     assert (workspace.root / "notes.txt").read_text() == "hi"
-    assert (agent.prompt_tokens, agent.prompt_tokens_total, agent.cached_tokens_total) == (100, 360, 130)
-    assert (agent.first_cached_tokens, agent.last_cached_tokens, agent.last_prompt_tokens) == (0, 130, 260)
+    usage = agent.usage
+    assert (agent.prompt_tokens, usage.prompt_tokens_total, usage.cached_tokens_total) == (100, 360, 130)
+    assert (usage.first_cached_tokens, usage.last_cached_tokens, usage.last_prompt_tokens) == (0, 130, 260)
     assert agent.generated_tokens == 33 and agent.context_tokens == 263
     assert agent.tool_tokens == 260 - 130  # what the results added, from the second turn's usage
     assert events[-1].data["cached_tokens"] == 130 and events[3].data["tool_calls"][0]["id"] == "call_abc"
 
 
-def test_text_calls_from_a_server_without_a_tool_parser_get_made_up_ids(workspace):
+def test_text_calls_from_a_server_without_a_tool_parser_get_made_up_ids(spec, workspace):
     events = []
     agent = make_agent(workspace, events)
     server = ScriptedServer([
         {"content": 'Look. <tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call> '
                     '<tool_call>{"name": "read_file", "arguments": {"path": </tool_call>'},
         {"content": "Fine."}])
-    run(agent, server)
+    run(spec, agent, server)
     assert kinds(events)[3:8] == ["assistant", "tool_call", "tool_error", "tool_result", "prefilled"]
     history = server.requests[1]["messages"]
     assert history[2] == {"role": "assistant", "content": server.requests[1]["messages"][2]["content"]}
@@ -112,72 +143,70 @@ def test_text_calls_from_a_server_without_a_tool_parser_get_made_up_ids(workspac
     assert "was not run" in history[4]["content"] and agent.tool_calls == 1
 
 
-def test_a_malformed_structured_call_is_answered_with_the_error(workspace):
+def test_a_malformed_structured_call_is_answered_with_the_error(spec, workspace):
     events = []
     agent = make_agent(workspace, events)
     server = ScriptedServer([{"calls": [structured("read_file", '{"path": ', "call_x")]}, {"content": "ok"}])
-    run(agent, server)
+    run(spec, agent, server)
     assert "tool_error" in kinds(events) and agent.tool_calls == 0
     assert server.requests[1]["messages"][3]["tool_call_id"] == "call_x"
 
 
-def test_limits_end_the_agent_and_each_turn_asks_for_what_is_left(workspace):
+def test_limits_end_the_agent_and_each_turn_asks_for_what_is_left(spec, workspace):
     events = []
     agent = make_agent(workspace, events, max_turns=2)
     call = {"content": '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'}
-    run(agent, ScriptedServer([call, call, call]))
+    run(spec, agent, ScriptedServer([call, call, call]))
     assert agent.end_reason == "max_turns" and agent.turn == 2
 
     agent = make_agent(workspace, [], max_tokens=70)
     server = ScriptedServer([{**call, "usage": (100, 50, 0)}, {**call, "usage": (200, 30, 100)}])
-    run(agent, server)
+    run(spec, agent, server)
     assert agent.end_reason == "max_tokens" and agent.generated_tokens == 80
     assert [r["params"].max_tokens for r in server.requests] == [64, 20]
     assert all(r["params"].stop == [] for r in server.requests)
 
 
-def test_a_reply_cut_at_max_tokens_is_not_a_final_answer(workspace):
+def test_a_reply_cut_at_max_tokens_is_not_a_final_answer(spec, workspace):
     agent = make_agent(workspace, [])
-    run(agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length"}]))
+    run(spec, agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length"}]))
     assert agent.state is AgentState.DONE and agent.end_reason == "length" and agent.turn == 1
 
     agent = make_agent(workspace, [], max_tokens=50)
-    run(agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length", "usage": (100, 50, 0)}]))
+    run(spec, agent, ScriptedServer([{"content": "I will start by", "finish_reason": "length", "usage": (100, 50, 0)}]))
     assert agent.end_reason == "max_tokens"
 
 
-def test_server_errors_end_the_agent(workspace):
+def test_server_errors_end_the_agent(spec, workspace):
     agent = make_agent(workspace, [])
-    run(agent, ScriptedServer([RemoteError("http://x/v1 failed the request (500: boom)")]))
+    run(spec, agent, ScriptedServer([RemoteError("http://x/v1 failed the request (500: boom)")]))
     assert agent.state is AgentState.ERROR and agent.end_reason == "error" and "boom" in agent.error
 
     agent = make_agent(workspace, [])
     call = {"content": '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'}
-    run(agent, ScriptedServer([call, ContextFullError("http://x/v1: the conversation no longer fits")]))
+    run(spec, agent, ScriptedServer([call, ContextFullError("http://x/v1: the conversation no longer fits")]))
     assert agent.state is AgentState.DONE and agent.end_reason == "context_full"
 
 
-def test_cached_tokens_stay_unknown_when_the_server_does_not_report_them(workspace):
+def test_cached_tokens_stay_unknown_when_the_server_does_not_report_them(spec, workspace):
     agent = make_agent(workspace, [])
-    run(agent, ScriptedServer([{"content": "done", "usage": (100, 1, None)}]))
-    assert agent.cached_tokens_total is None and agent.prompt_tokens_total == 100
+    run(spec, agent, ScriptedServer([{"content": "done", "usage": (100, 1, None)}]))
+    assert agent.usage.cached_tokens_total is None and agent.usage.prompt_tokens_total == 100
 
 
-@pytest.mark.parametrize("reason, state", [("", AgentState.INTERRUPTED), ("wall_time", AgentState.DONE)])
-def test_cancelling_mid_turn_keeps_the_partial_reply(workspace, reason, state):
+@pytest.mark.parametrize("reason, state", [("interrupted", AgentState.INTERRUPTED), ("wall_time", AgentState.DONE)])
+def test_cancelling_mid_turn_keeps_the_partial_reply(spec, workspace, reason, state):
     events = []
     agent = make_agent(workspace, events)
-
-    async def go():
-        task = asyncio.create_task(agent.run(ScriptedServer([{"content": "a b c d e f g h", "delay": 0.05}])))
+    loop = start(spec, agent, ScriptedServer([{"content": "a b c d e f g h", "delay": 0.05}]))
+    try:
         while agent.generated_tokens < 3:
-            await asyncio.sleep(0.01)
-        agent.stop_reason = reason
-        task.cancel()
-        await task
-    asyncio.run(go())
+            loop.advance()
+        loop.stop_agents(reason)
+    finally:
+        loop.backend.close()
     partial = [e for e in events if e.kind == "assistant"][-1]
     assert partial.data["partial"] and partial.data["tokens"] >= 3 and partial.data["content"].startswith("a b c")
     assert agent.state is state and agent.end_reason == (reason or "interrupted")
     assert agent.turn == partial.data["turn"] == events[-1].data["turns"] == 1  # the cut turn counts
-    assert events[-1].kind == "end" and agent.first_token.is_set()
+    assert events[-1].kind == "end" and agent.first_token_at is not None

@@ -1,4 +1,5 @@
-"""A remote server's KV memory, read off its Prometheus page (`<base_url minus /v1>/metrics`).
+"""A server's KV figures, read off its Prometheus page (`<base_url minus /v1>/metrics`): the readings
+a run on a server feeds its `RunMemory` (swarm/run/memory.py) once a second.
 
 Each engine names its figures its own way; what none exposes stays None and shows as
 "unavailable". A server without the page (404) is not an error: every figure is unavailable.
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
-NOT_READ = "not read yet"
+
 
 @dataclass(frozen=True, slots=True)
 class ServerMetrics:
@@ -48,6 +49,18 @@ class ServerMetrics:
     prefix_cache_queries: float | None = None
     requests_running: int | None = None
     requests_waiting: int | None = None
+
+    @property
+    def peak_rank(self) -> float:
+        return self.kv_usage or 0.0
+
+    def hit_rate_since(self, first: ServerMetrics | None) -> float | None:
+        """Over this run where the server counts hits (vLLM), else the server's own figure."""
+        if self.prefix_cache_queries is None or first is None or first.prefix_cache_queries is None:
+            return self.prefix_hit_rate
+        queries = self.prefix_cache_queries - first.prefix_cache_queries
+        hits = self.prefix_cache_hits - first.prefix_cache_hits
+        return hits / queries if queries > 0 else self.prefix_hit_rate
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,52 +164,6 @@ def _mean(samples: Samples, name: str) -> float | None:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-@dataclass(slots=True)
-class ServerMemory:
-    """The remote counterpart of SwarmMemory: the latest reading, the peak, and why figures are
-    missing when they are."""
-
-    metrics_url: str
-    latest: ServerMetrics = field(default_factory=ServerMetrics)
-    peak: ServerMetrics = field(default_factory=ServerMetrics)
-    first: ServerMetrics | None = None
-    samples: int = 0
-    note: str = NOT_READ
-
-    @property
-    def available(self) -> bool:
-        return self.samples > 0
-
-    @property
-    def prefix_hit_rate(self) -> float | None:
-        """Over this run where the server counts hits (vLLM), else the server's own figure."""
-        latest, first = self.latest, self.first
-        if latest.prefix_cache_queries is not None and first is not None and first.prefix_cache_queries is not None:
-            queries = latest.prefix_cache_queries - first.prefix_cache_queries
-            hits = latest.prefix_cache_hits - first.prefix_cache_hits
-            return hits / queries if queries > 0 else latest.prefix_hit_rate
-        return latest.prefix_hit_rate
-
-    def observe(self, metrics: ServerMetrics | None, note: str = "") -> None:
-        if metrics is None:
-            self.note = note
-            return
-        self.first = self.first or metrics
-        self.latest, self.note = metrics, ""
-        self.samples += 1
-        if (metrics.kv_usage or 0.0) >= (self.peak.kv_usage or 0.0):
-            self.peak = metrics
-
-    def to_dict(self) -> dict:
-        return {"source": self.latest.source or None, "metrics_url": self.metrics_url,
-                "available": self.available, "note": self.note or None, "samples": self.samples,
-                "prefix_hit_rate": self.prefix_hit_rate, "peak_kv_usage": self.peak.kv_usage,
-                "peak_used_bytes": self.peak.kv_used_bytes, "pool_bytes": self.latest.kv_total_bytes,
-                "pool_tokens": self.latest.kv_total_tokens,
-                "peak": self.peak.to_dict() if self.available else None,
-                "final": self.latest.to_dict() if self.available else None}
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> tuple[ServerMetrics | None, str]:

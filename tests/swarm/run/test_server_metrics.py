@@ -1,10 +1,12 @@
-"""Reading a server's KV figures off its Prometheus page, on pages in each engine's own format."""
+"""Reading a server's KV figures off its Prometheus page, on pages in each engine's own format, and
+the run's memory of them."""
 import asyncio
 
 import httpx
 import pytest
 
-from swarm.run.server_memory import ServerMemory, ServerMetrics, parse_metrics, scrape
+from swarm.run.memory import RunMemory
+from swarm.run.server_metrics import ServerMetrics, parse_metrics, scrape
 
 # vLLM V1 (0.8 and later), one engine, as its /metrics writes it (histograms shortened).
 VLLM_V1 = """\
@@ -86,7 +88,7 @@ def test_vllm_v1_usage_tokens_requests_and_hit_counters():
     assert metrics.kv_usage == 0.25 and metrics.kv_total_tokens == 2048 * 16 and metrics.kv_used_tokens == 8192
     assert (metrics.requests_running, metrics.requests_waiting) == (3, 1)
     assert (metrics.prefix_cache_hits, metrics.prefix_cache_queries) == (9000, 12000)
-    assert metrics.prefix_hit_rate is None  # V1 only counts; ServerMemory divides
+    assert metrics.prefix_hit_rate is None  # V1 only counts; the run's memory divides
     assert metrics.kv_used_bytes is None and metrics.kv_shared_bytes is None
 
 
@@ -118,7 +120,7 @@ def test_a_page_without_known_figures_gives_nothing():
 
 
 def test_hit_rate_counts_only_this_run_where_the_server_counts_hits():
-    memory = ServerMemory("http://x/metrics")
+    memory = RunMemory(ServerMetrics(), metrics_url="http://x/metrics")
     assert not memory.available and memory.prefix_hit_rate is None and memory.note == "not read yet"
     memory.observe(ServerMetrics("vllm", kv_usage=0.1, prefix_cache_hits=500.0, prefix_cache_queries=1000.0))
     assert memory.prefix_hit_rate is None  # nothing asked since the run started
@@ -128,7 +130,7 @@ def test_hit_rate_counts_only_this_run_where_the_server_counts_hits():
     assert memory.peak.kv_usage == 0.4 and memory.latest.kv_usage == 0.2
     memory.observe(None, "cannot read http://x/metrics: ConnectError")
     assert memory.latest.kv_usage == 0.2 and "ConnectError" in memory.note
-    summary = memory.to_dict()
+    summary = memory.server_dict()
     assert summary["available"] and summary["peak_kv_usage"] == 0.4 and summary["final"]["kv_usage"] == 0.2
 
 
