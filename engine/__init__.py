@@ -13,7 +13,8 @@ configure_openmp()   # before anything imports torch: its OpenMP runtime reads i
 _PUBLIC = {   # the module that defines them -> the names exported here
     "engine.llm": ("LLM", "RequestOutput"),
     "engine.sampling": ("SamplingParams",),
-    "engine.llm_engine": ("LLMEngine", "EngineOptions", "StepResult", "pick_device", "pick_dtype"),
+    "engine.llm_engine": ("LLMEngine", "StepResult", "pick_device", "pick_dtype"),
+    "engine.options": ("EngineOptions",),
     "engine.async_engine": ("AsyncEngine", "EngineSnapshot", "GenerationDelta", "RequestFailed"),
     "engine.kv.stats": ("KVStats", "RequestKV"),
     "engine.sequence": ("Sequence",),

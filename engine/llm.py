@@ -1,12 +1,13 @@
 """The user-facing API, in vLLM's shape: `LLM(model).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from engine.kv.stats import KVStats
-from engine.llm_engine import EngineOptions, LLMEngine
+from engine.llm_engine import LLMEngine
 from engine.loading.named_models import DEFAULT_MODEL
 from engine.loading.tokenizer import Tokenizer
+from engine.options import EngineOptions
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 
@@ -23,15 +24,9 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: str = DEFAULT_MODEL, device: str = "auto", dtype: str = "auto",
-                 block_size: int = 16, kv_budget_tokens: int | None = None,
-                 kv_budget_bytes: int | None = None, enable_prefix_caching: bool = True,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, cascade_attention: bool = True,
-                 quantized_decode: bool = True, onednn_weights: bool = True):
-        options = EngineOptions(device, dtype, block_size, kv_budget_tokens, kv_budget_bytes,
-                                enable_prefix_caching, max_num_seqs, max_num_batched_tokens, cascade_attention,
-                                quantized_decode, onednn_weights)
-        self.engine = LLMEngine(model, options)
+    def __init__(self, model: str = DEFAULT_MODEL, **options):
+        """options: any of EngineOptions' fields, by name (device, dtype, kv_budget_tokens, ...)."""
+        self.engine = LLMEngine(model, _engine_options(options))
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -75,3 +70,11 @@ class LLM:
                 text = text[:text.index(stop)]
         return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
                              text, seq.finish_reason, seq.num_cached_tokens, seq.error)
+
+
+def _engine_options(options: dict) -> EngineOptions:
+    known = [f.name for f in fields(EngineOptions)]
+    unknown = [name for name in options if name not in known]
+    if unknown:
+        raise TypeError(f"LLM() has no option {unknown[0]!r}; its options are {', '.join(known)}")
+    return EngineOptions(**options)

@@ -12,30 +12,16 @@ from engine.kv.block_manager import BlockManager
 from engine.kv.block_pool import BlockPool
 from engine.kv.cache import KVCache, blocks_for_budget
 from engine.kv.stats import KVStats, collect_stats
-from engine.loading.loader import load_model_config, load_quantized_weights, load_tokenizer, load_weights, resolve_model
-from engine.model_runner import ModelRunner, attach_quantized, build_model, pack_weights
+from engine.loading.build import load_model
+from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
+from engine.model_runner import ModelRunner
+from engine.options import EngineOptions
 from engine.sampling import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from kernels.backend import attention_ops
 
 DEFAULT_CPU_KV_TOKENS = 65536
 GPU_MEMORY_FRACTION = 0.85
-
-
-@dataclass(slots=True)
-class EngineOptions:
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    kv_budget_tokens: int | None = None
-    kv_budget_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    cascade_attention: bool = True
-    quantized_decode: bool = True   # CPU float32: decode from the GGUF's Q4_0/Q4_1/Q8_0 blocks
-    onednn_weights: bool = True     # CPU float32: weights in oneDNN's layout, multiplied by oneDNN
 
 
 @dataclass(slots=True)
@@ -55,20 +41,14 @@ class LLMEngine:
         self.dtype = pick_dtype(options.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
-        net = build_model(self.config, load_weights(self.source), self.device, self.dtype)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
-        self.quantized_bytes = 0   # the file's quantized blocks, kept beside the float32 weights for decode
-        if options.quantized_decode and self.device.type == "cpu" and self.dtype == torch.float32:
-            self.quantized_bytes = attach_quantized(net, load_quantized_weights(self.source))
-        self.weight_bytes += self.quantized_bytes
-        self.onednn_weights = 0
-        if options.onednn_weights and self.device.type == "cpu" and self.dtype == torch.float32:
-            self.onednn_weights = pack_weights(net, options.max_num_batched_tokens)
+        loaded = load_model(self.source, self.config, self.device, self.dtype, options)
+        self.weight_bytes, self.quantized_bytes = loaded.weight_bytes, loaded.quantized_bytes
+        self.onednn_weights = loaded.packed
         num_blocks = self._num_blocks(options)
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens)
-        self.runner = ModelRunner(net, kv, self.device, options.cascade_attention)
+        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -171,7 +151,7 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the quantized decode bytes and the matmul library."""
-        return {"attention": attention_ops(self.device).name, "quantized_decode_bytes": self.quantized_bytes,
+        return {"attention": self.runner.attention.name, "quantized_decode_bytes": self.quantized_bytes,
                 "matmuls": "onednn" if self.onednn_weights else "torch"}
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:

@@ -1,62 +1,20 @@
 """The decoder-only transformer of the Llama family (Llama, Mistral, Qwen2, Qwen3), in plain PyTorch.
 
 Tokens of all sequences in a step are packed into one flat batch; attention reads and
-writes the paged KV pool through `kernels.reference.paged_attention`.
+writes the paged KV pool through the step's `AttentionBackend` (engine.attention).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention.plan import DecodePlan
-from engine.kv.cache import KVCache
+from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.linear import Linear
 from engine.loading.config import ModelConfig
-from kernels.backend import AttentionOps, attention_ops
-from kernels.cpu import cascade_prefill, fused_ops, onednn_linear, quant_matmul
-from kernels.cpu.quant_matmul import QuantizedWeight
-from kernels.reference import paged_attention
-
-
-@dataclass(slots=True)
-class AttentionBatch:
-    """Where this step's tokens go and what they attend to."""
-
-    is_prefill: bool
-    slot_mapping: torch.Tensor                 # [tokens] flat KV slot of each new token
-    context_lens: list[int]                    # tokens in each sequence's context after this step
-    query_lens: list[int]                      # new tokens per sequence
-    block_tables: list[torch.Tensor] | None = None  # prefill: each sequence's blocks
-    decode_plan: DecodePlan | None = None      # the shared-prefix split of decode rows (and of a prefill's last tokens)
-    prefill_groups: list | None = None         # prefill: prompts continuing one cached trunk
-
-
-FEW_ROWS = 64
-
-
-class Linear(nn.Linear):
-    """nn.Linear, except on a CPU. Where the file's quantized blocks are attached (`quantized`), a
-    few rows (decode) are multiplied straight from them (kernels.cpu.quant_matmul). Where the weight is
-    in oneDNN's layout (`packed`, see engine.model_runner.pack_weights), oneDNN multiplies the rest.
-    Otherwise a few rows are computed as weight @ x.T: CPU BLAS then picks a kernel that streams the
-    weight faster (SmolLM2, 8 rows, all layers: 67 -> 50 ms per step; lm_head alone 19 -> 8.6 ms)."""
-
-    quantized: QuantizedWeight | None = None
-    packed: bool = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None and quant_matmul.usable(x):
-            return quant_matmul.quant_matmul(x, self.quantized, self.bias)
-        if self.packed:
-            return onednn_linear.linear(x, self.weight, self.bias)
-        if x.shape[0] > FEW_ROWS or x.device.type != "cpu" or x.dim() != 2:
-            return F.linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return (self.weight @ x.T).T.contiguous()
-        return torch.addmm(self.bias[:, None], self.weight, x.T).T.contiguous()
+from kernels.cpu import fused_ops
 
 
 class RMSNorm(nn.Module):
@@ -131,11 +89,11 @@ class Attention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention output of every token, or only of `rows`: the last token of each sequence, whose
-        query then attends like a decode step's (every token's K/V is still written)."""
+    def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
+        """Attention output of the tokens whose queries attend (`batch.query_rows`); every token's K/V
+        is written."""
+        rows = batch.query_rows
         queries = x if rows is None else x[rows]
         q = self.q_proj(queries).view(queries.shape[0], self.num_heads, self.head_dim)
         k = self.k_proj(x).view(x.shape[0], self.num_kv_heads, self.head_dim)
@@ -145,37 +103,8 @@ class Attention(nn.Module):
         cos, sin = rotary
         q = apply_rotary(q, cos, sin) if rows is None else apply_rotary(q, cos[rows], sin[rows])
         k = apply_rotary(k, cos, sin)
-        k_cache, v_cache = kv.layers[self.layer_index]
-        ops = attention_ops(q.device)
-        ops.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        if rows is not None or not batch.is_prefill:
-            out = _decode(ops, q, k_cache, v_cache, batch.decode_plan, self.scale)
-        elif batch.prefill_groups:
-            out = cascade_prefill.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                                    batch.query_lens, batch.prefill_groups, self.scale, _prefix_kv,
-                                                    ops.prefill_rows)
-        else:
-            out = paged_attention.prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                                    batch.query_lens, self.scale, ops.prefill_rows)
+        out = attention.forward(q, k, v, self.layer_index, batch)
         return self.o_proj(out.reshape(q.shape[0], -1))
-
-
-def _decode(ops: AttentionOps, q, k_cache, v_cache, plan: DecodePlan, scale: float) -> torch.Tensor:
-    out, lse = ops.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens, scale)
-    for prefix in plan.prefixes:
-        k, v = _prefix_kv(k_cache, prefix), _prefix_kv(v_cache, prefix)
-        shared_out, shared_lse = ops.prefix_attention(q[prefix.rows], k, v, scale)
-        merged, _ = ops.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
-        out[prefix.rows] = merged
-    return out.to(q.dtype)
-
-
-def _prefix_kv(cache: torch.Tensor, prefix) -> torch.Tensor:
-    if prefix.blocks is None:
-        blocks = cache[prefix.first_block:prefix.first_block + prefix.num_blocks]
-    else:
-        blocks = cache.index_select(0, prefix.blocks)
-    return blocks.reshape(-1, *cache.shape[2:])
 
 
 class MLP(nn.Module):
@@ -198,8 +127,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rotary, batch: AttentionBatch, kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), rotary, batch, kv, rows)
+    def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(x), rotary, batch, attention)
+        rows = batch.query_rows
         x = (x if rows is None else x[rows]) + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -223,16 +153,15 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                kv: KVCache, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states of every new token, or only of `rows` (each sequence's last, in a prefill:
-        the batch's decode_plan must then be set): [tokens or rows, hidden]. The last layer
-        computes only those rows; every token's K/V is still written in every layer."""
+                attention: AttentionBackend) -> torch.Tensor:
+        """Hidden states of each sequence's last new token: [seqs, hidden] (`attention` has planned
+        `batch`). The last layer computes only those rows; every token's K/V is written in every layer."""
         x = self.model.embed_tokens(input_ids)
         rotary = self.model.rotary_emb(positions)
         *layers, last = self.model.layers
         for layer in layers:
-            x = layer(x, rotary, batch, kv)
-        return self.model.norm(last(x, rotary, batch, kv, rows))
+            x = layer(x, rotary, batch, attention)
+        return self.model.norm(last(x, rotary, batch.last_tokens(), attention))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

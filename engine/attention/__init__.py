@@ -1,3 +1,3 @@
-"""Attention as the model calls it: the plan of a step (which rows share a trunk, which are private), built once per
-step from the block tables. The AttentionBackend interface and its reference, CPU and Triton implementations belong
-here too."""
+"""Attention as the model calls it: the `AttentionBackend` interface (base.py), the per-step plan of which rows
+share a trunk and which are private (plan.py), the one forward that runs it (cascade.py) over the reference, CPU
+or Triton kernel set (kernel_sets.py), and the choice of set (select.py, SWARM_ATTENTION_BACKEND)."""

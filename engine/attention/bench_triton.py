@@ -1,10 +1,11 @@
 """Time a decode step's attention: plain paged against cascade (trunk read once), on a GPU.
 
 N agents share a T-token trunk and each has a private suffix. Both paths run the engine's own
-decode (`engine.model._decode` on a plan from `engine.attention.plan.plan_decode`); "plain" is
-the plan with sharing off. One timed step runs every layer, each on its own KV pool, so the
-caches are not warm from the layer before. Prints JSON: times, the KV bytes each path reads
-per step (theory), the bandwidth that implies, and how far cascade's output is from plain.
+attention backend on one decode step (`AttentionBackend.forward`: write the new K/V, attend), planned
+with cascade on and off (`use_cascade`); "plain" is the plan with sharing off. One timed step runs
+every layer, each on its own KV pool, so the caches are not warm from the layer before. Prints JSON:
+times, the KV bytes each path reads per step (theory), the bandwidth that implies, and how far
+cascade's output is from plain.
 
     python -m engine.attention.bench_triton      # N=8, T=2048/4096/8192; SmolLM2- and Qwen3-8B-like shapes
     python -m engine.attention.bench_triton --tiny  # a tiny size; on CPU it runs the Triton interpreter
@@ -18,6 +19,11 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+
+from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.attention.select import select_backend
+from engine.kv.cache import KVCache
+from engine.loading.config import kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,32 +74,39 @@ def _parser() -> argparse.ArgumentParser:
 
 def _measure(shape: Shape, trunk: int, agents: int, suffix: int, dtype, device, backend: str,
              iters: int, warmup: int) -> dict:
-    from engine.attention.plan import plan_decode
-    from engine.model import _decode
-    from kernels.backend import BACKEND_ENV, attention_ops
-
-    os.environ[BACKEND_ENV] = backend
-    ops = attention_ops(device)
     tables, lengths, num_blocks = _swarm_tables(trunk, agents, suffix)
-    pools = [_pool(shape, num_blocks, dtype, device) for _ in range(shape.layers)]
+    kv = KVCache([_pool(shape, num_blocks, dtype, device) for _ in range(shape.layers)], BLOCK_SIZE)
+    attention = select_backend(kv, shape.head_dim ** -0.5, choice=backend)
     q = torch.randn(agents, shape.heads, shape.head_dim, dtype=dtype, device=device)
-    scale = shape.head_dim ** -0.5
-    plans = {"paged": plan_decode(tables, lengths, BLOCK_SIZE, device, min_prefix_tokens=float("inf")),
-             "cascade": plan_decode(tables, lengths, BLOCK_SIZE, device)}
-    assert plans["cascade"].prefixes, "the trunk should be shared"
+    k, v = (torch.randn(agents, shape.kv_heads, shape.head_dim, dtype=dtype, device=device) for _ in range(2))
+    batches = {name: _decode_batch(attention, tables, lengths, name == "cascade", device)
+               for name in ("paged", "cascade")}
+    assert batches["cascade"].plan.decode.prefixes, "the trunk should be shared"
     outputs, times = {}, {}
-    for name, plan in plans.items():
-        step = lambda plan=plan: [_decode(ops, q, k, v, plan, scale) for k, v in pools]   # noqa: E731
+    for name, batch in batches.items():
+        step = lambda batch=batch: [attention.forward(q, k, v, layer, batch)   # noqa: E731
+                                    for layer in range(shape.layers)]
         outputs[name], times[name] = step()[-1], _time(step, iters, warmup, device)
-    per_token = pools[0][0].element_size() * 2 * shape.kv_heads * shape.head_dim * shape.layers  # K and V
+    per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, q.element_size())
     read = {"paged": sum(lengths) * per_token, "cascade": (trunk + sum(n - trunk for n in lengths)) * per_token}
-    return {**asdict(shape), "trunk": trunk, "backend": ops.name,
+    return {**asdict(shape), "trunk": trunk, "backend": attention.name,
             "paged_step_ms": times["paged"] * 1e3, "cascade_step_ms": times["cascade"] * 1e3,
             "speedup": times["paged"] / times["cascade"],
             "paged_bytes_per_step": read["paged"], "cascade_bytes_per_step": read["cascade"],
             "paged_gb_s": read["paged"] / times["paged"] / 1e9,
             "cascade_gb_s": read["cascade"] / times["cascade"] / 1e9,
             "max_abs_diff": (outputs["paged"].float() - outputs["cascade"].float()).abs().max().item()}
+
+
+def _decode_batch(attention: AttentionBackend, tables: list[list[int]], lengths: list[int], cascade: bool,
+                  device) -> AttentionBatch:
+    """One decode step of every agent (its last token's K/V written, then attending), planned."""
+    slots = [table[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE for table, n in zip(tables, lengths)]
+    batch = AttentionBatch(False, torch.tensor(slots, dtype=torch.long, device=device), lengths, [1] * len(tables),
+                           tables, queries="last")
+    attention.use_cascade(cascade)
+    attention.plan(batch)
+    return batch
 
 
 def _swarm_tables(trunk: int, agents: int, suffix: int):

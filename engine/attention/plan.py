@@ -4,10 +4,11 @@ Rows whose tables begin with the same block ids share those blocks' KV (the bloc
 read-only while shared). Their attention reads the shared prefix once for the whole group
 (`kernels.reference.cascade_attention`), then each row's private remainder through paged attention.
 Prefill does the same for prompts that continue one cached trunk (`kernels.cpu.cascade_prefill`).
+A `StepPlan` holds both splits of one step, as the backend (engine.attention.cascade) reads them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +30,13 @@ class DecodePlan:
     prefixes: list[SharedPrefix]
     private_tables: torch.Tensor    # [batch, width] blocks after each row's shared prefix
     private_lens: torch.Tensor      # [batch] tokens after each row's shared prefix
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decode: DecodePlan                      # the last-token queries: decode rows, a prefill's last layer
+    block_tables: list[torch.Tensor] = field(default_factory=list)   # prefill: each sequence's blocks
+    prefill_groups: list[tuple[list[int], SharedPrefix]] = field(default_factory=list)   # see plan_prefill
 
 
 def plan_decode(tables: list[list[int]], context_lens: list[int], block_size: int,

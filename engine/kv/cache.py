@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.loading.config import ModelConfig
+from engine.loading.config import ModelConfig, kv_bytes_per_token
 
 
 @dataclass(slots=True)
@@ -53,8 +53,8 @@ class KVCache:
 
 def blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype,
                       budget_tokens: int | None = None, budget_bytes: int | None = None) -> int:
-    element = torch.tensor([], dtype=dtype).element_size()
-    block_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * element * block_size
+    per_token = kv_bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim, dtype.itemsize)
+    block_bytes = per_token * block_size
     if budget_bytes is not None:
         return max(1, budget_bytes // block_bytes)
     assert budget_tokens is not None

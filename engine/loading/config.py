@@ -99,8 +99,13 @@ class ModelConfig:
             raise ModelLoadError(f"{path}: missing key {err.args[0]!r}") from None
 
     def kv_bytes_per_token(self, dtype: str = "float16") -> int:
-        """K and V, every layer: 2 x layers x KV heads x head dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+        """The module's kv_bytes_per_token for this model, its cache in `dtype`."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, DTYPE_BYTES[dtype])
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """The KV cache one token takes: K and V, every layer: 2 x layers x KV heads x head dim x dtype bytes."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 def _architecture(raw: dict) -> str:

@@ -23,7 +23,6 @@ from swarm.bench.peers import PeerUnavailable
 from swarm.bench.workload import Measurement, Stopwatch, Workload
 
 N_BATCH = 2048
-F16_BYTES = 2
 
 
 class LlamaCppRunner:
@@ -40,7 +39,7 @@ class LlamaCppRunner:
             raise PeerUnavailable(f"llama-cpp-python is installed but does not load: {err}") from None
         self.lc = llama_cpp
         self.version = llama_cpp.__version__
-        self.bytes_per_cell = 2 * config.num_layers * config.num_kv_heads * config.head_dim * F16_BYTES
+        self.bytes_per_cell = config.kv_bytes_per_token("float16")   # the context's cache type: llama.cpp's default
         self._silence()
         llama_cpp.llama_backend_init()
         self.model = self._load_model(source, device)

@@ -2,6 +2,7 @@
 import random
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
@@ -43,12 +44,12 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
 @pytest.mark.parametrize("backend_name", ["sdpa", "native"])
 def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cpu_backend(
         backend_name, monkeypatch, tiny_model_dir):
-    from kernels import backend
+    from engine.attention.select import BACKEND_ENV
     from kernels.cpu import cascade_prefill, native_attention
 
     if backend_name == "native" and not native_attention.available():
         pytest.skip("no C compiler here")
-    monkeypatch.setenv(backend.BACKEND_ENV, backend_name)
+    monkeypatch.setenv(BACKEND_ENV, backend_name)
     calls = []
     real = cascade_prefill.prefill_attention
     monkeypatch.setattr(cascade_prefill, "prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -63,28 +64,22 @@ def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cp
 
 
 def test_the_native_backend_prefills_in_c_with_the_tokens_sdpa_gives(monkeypatch, tiny_model_dir):
-    from kernels import backend
+    from engine.attention.select import BACKEND_ENV
     from kernels.cpu import native_attention
 
     if not native_attention.available():
         pytest.skip("no C compiler here")
-    kinds = []
-    library = native_attention._rows_library()
-
-    class Spy:   # forwards to the real kernel, noting whether each call was causal
-        def swarm_rows_attention(self, *args):
-            kinds.append(args[8])
-            return library.swarm_rows_attention(*args)
-
-    monkeypatch.setattr(native_attention, "_rows_library", Spy)
     trunk = list(range(4, 100))
     prompts = [trunk + [200 + i, 7, 8] for i in range(3)]
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     folder = str(tiny_model_dir("llama"))
-    monkeypatch.setenv(backend.BACKEND_ENV, "native")
-    got = LLM(folder, kv_budget_tokens=2048).generate(prompts, params)
-    assert {0, 1} <= set(kinds), "the trunk (causal) and the suffixes over it (not causal) ran in C"
-    monkeypatch.setenv(backend.BACKEND_ENV, "sdpa")
+    monkeypatch.setenv(BACKEND_ENV, "native")
+    llm = LLM(folder, kv_budget_tokens=2048)
+    with torch.profiler.profile(record_shapes=True) as profiler:   # it lists each C call, with its arguments
+        got = llm.generate(prompts, params)
+    kinds = {event.concrete_inputs[4] for event in profiler.events() if event.name == "swarm::rows_attention"}
+    assert {False, True} <= kinds, "the trunk (causal) and the suffixes over it (not causal) ran in C"
+    monkeypatch.setenv(BACKEND_ENV, "sdpa")
     reference = LLM(folder, kv_budget_tokens=2048).generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in reference]
 
@@ -199,3 +194,12 @@ def test_stats_report_hits_and_pool_usage(tiny_model_dir):
     assert stats.blocks_in_use == 0
     assert stats.blocks_free == stats.blocks_total
     assert stats.blocks_cached > 0
+
+
+def test_llm_passes_its_options_to_the_engine_and_names_one_it_does_not_know(tiny_model_dir):
+    folder = str(tiny_model_dir("llama"))
+    llm = LLM(folder, kv_budget_tokens=256, block_size=8, max_num_seqs=3, onednn_weights=False)
+    assert (llm.engine.kv_capacity_tokens, llm.engine.blocks.block_size) == (256, 8)
+    assert llm.engine.scheduler.max_num_seqs == 3 and llm.engine.kernels()["matmuls"] == "torch"
+    with pytest.raises(TypeError, match=r"no option 'kv_budget'; its options are device, dtype, block_size"):
+        LLM(folder, kv_budget=256)

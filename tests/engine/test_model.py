@@ -57,6 +57,7 @@ def test_bfloat16_runs_and_stays_close_to_float32(tiny_model_dir):
 
 
 def test_cpu_float32_weights_are_multiplied_by_onednn_and_the_tied_lm_head_keeps_the_embeddings(tiny_model_dir):
+    from engine.linear import Linear, PackedLinear
     from kernels.cpu import onednn_linear
     if not onednn_linear.available():
         pytest.skip("this torch build has no oneDNN linear")
@@ -65,10 +66,10 @@ def test_cpu_float32_weights_are_multiplied_by_onednn_and_the_tied_lm_head_keeps
     plain = LLM(folder, dtype="float32", kv_budget_tokens=512, onednn_weights=False)
     net = packed.engine.runner.model
     layer = net.model.layers[0]
-    assert layer.mlp.down_proj.packed and layer.mlp.down_proj.weight.layout == torch._mkldnn
+    assert isinstance(layer.mlp.down_proj, PackedLinear) and layer.mlp.down_proj.weight.layout == torch._mkldnn
     assert layer.self_attn.q_proj.weight.layout == torch._mkldnn
-    assert net.lm_head.weight is net.model.embed_tokens.weight and not net.lm_head.packed
-    assert not plain.engine.runner.model.model.layers[0].mlp.down_proj.packed
+    assert net.lm_head.weight is net.model.embed_tokens.weight and type(net.lm_head) is Linear
+    assert type(plain.engine.runner.model.model.layers[0].mlp.down_proj) is Linear
     assert packed.engine.weight_bytes == plain.engine.weight_bytes
     tokens, logits = _our_greedy_with_logits(packed, PROMPT, steps=8)
     plain_tokens, plain_logits = _our_greedy_with_logits(plain, PROMPT, steps=8)

@@ -55,6 +55,7 @@ def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
 
 
 def test_decode_from_the_files_quantized_blocks_keeps_the_float32_output(llm):
+    from engine.linear import QuantizedLinear
     from kernels.cpu import quant_matmul
     if not quant_matmul.available():
         pytest.skip("no C compiler for the quantized decode kernel")
@@ -62,8 +63,8 @@ def test_decode_from_the_files_quantized_blocks_keeps_the_float32_output(llm):
     assert net.lm_head.quantized.bits == 8  # tied to the Q8_0 token embedding
     assert all(layer.mlp.down_proj.quantized.bits == 4 for layer in net.model.layers)
     plain = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, quantized_decode=False)
-    assert plain.engine.runner.model.lm_head.quantized is None
-    quantized_bytes = sum(m.quantized.nbytes for m in net.modules() if getattr(m, "quantized", None) is not None
+    assert not any(isinstance(m, QuantizedLinear) for m in plain.engine.runner.model.modules())
+    quantized_bytes = sum(m.quantized.nbytes for m in net.modules() if isinstance(m, QuantizedLinear)
                           and m is not net.lm_head)
     assert llm.engine.weight_bytes == plain.engine.weight_bytes + quantized_bytes + net.lm_head.quantized.nbytes
     prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(m)) for m in PROMPTS]

@@ -1,43 +1,41 @@
-"""Choosing the decode kernels, and the engine on the Triton kernels (interpreted on a CPU)."""
+"""Choosing the attention kernels, and the engine on the Triton kernels (interpreted on a CPU)."""
 import os
 import random
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")     # before the kernels are defined
-
-from engine import LLM, SamplingParams  # noqa: E402
-from kernels import backend  # noqa: E402
-from kernels.backend import BACKEND_ENV, AttentionBackendError, attention_ops  # noqa: E402
-from tests.helpers.tiny_models import make_tiny_model  # noqa: E402
+from engine import LLM, SamplingParams
+from engine.attention.select import BACKEND_ENV, AttentionBackendError, select_backend
+from engine.errors import SwarmError
+from engine.kv.cache import KVCache
+from tests.helpers.tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
 
 
-@pytest.fixture(autouse=True)
-def fresh_choice():
-    backend._ops_for.cache_clear()
-    yield
-    backend._ops_for.cache_clear()
+def backend_name() -> str:
+    """The kernel set the engine's backend runs on, for a pool on the CPU."""
+    pool = torch.zeros(2, 16, 1, 8)
+    return select_backend(KVCache([(pool, pool.clone())], 16), scale=8 ** -0.5).name
 
 
 def test_the_fused_cpu_kernels_serve_the_cpu_by_default_and_torch_on_request(monkeypatch):
     from kernels.cpu import native_attention
 
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    assert attention_ops(CPU).name == ("native" if native_attention.available() else "sdpa")
+    assert backend_name() == ("native" if native_attention.available() else "sdpa")
     for name in ("sdpa", "torch"):
         monkeypatch.setenv(BACKEND_ENV, name)
-        assert attention_ops(CPU).name == name
+        assert backend_name() == name
 
 
-def test_an_unknown_backend_says_what_to_use(monkeypatch):
+def test_an_unknown_backend_says_what_to_use_and_is_a_user_error(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "cuda")
-    with pytest.raises(AttentionBackendError, match="use native, sdpa, torch or triton"):
-        attention_ops(CPU)
+    with pytest.raises(AttentionBackendError, match="use native, sdpa, torch or triton") as caught:
+        backend_name()
+    assert isinstance(caught.value, SwarmError)
 
 
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
@@ -45,7 +43,7 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(AttentionBackendError, match="TRITON_INTERPRET=1"):
-        attention_ops(CPU)
+        backend_name()
 
 
 def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_path, monkeypatch):
@@ -69,8 +67,9 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
     names = ("torch", "triton", "sdpa", "native") if DEVICE.type == "cpu" else ("torch", "triton")
     for name in names:
         monkeypatch.setenv(BACKEND_ENV, name)
-        assert attention_ops(DEVICE).name == name
-        runs[name] = greedy_swarm(LLM(folder, device=DEVICE.type, dtype="float32", kv_budget_tokens=512))
+        llm = LLM(folder, device=DEVICE.type, dtype="float32", kv_budget_tokens=512)
+        assert llm.engine.kernels()["attention"] == name
+        runs[name] = greedy_swarm(llm)
     for name in names[1:]:
         assert runs[name][0] == runs["torch"][0]
         torch.testing.assert_close(runs[name][1], runs["torch"][1], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,42 @@
+"""The kernel sets one attention forward runs on: the PyTorch reference (the oracle), the CPU kernels
+(torch's fused CPU attention, and swarm's C kernels) and Triton. Each is data, not a loop: the same
+forward (engine.attention.cascade) runs over any of them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kernels.cpu import native_attention, sdpa_attention
+from kernels.reference import cascade_attention, paged_attention
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionKernels:
+    """One implementation of each piece (contracts: kernels.reference.cascade_attention)."""
+
+    name: str
+    write_kv: Callable[..., None]
+    paged_decode_with_lse: Callable
+    prefix_attention: Callable
+    merge_attention: Callable
+    cascade_prefill: bool = False   # prompts continuing one cached trunk read it together (CPU)
+    prefill_rows: Callable | None = None   # prefill attention (native_attention.rows_attention); None: SDPA
+
+
+REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
+                                     cascade_attention.prefix_attention, cascade_attention.merge_attention)
+SDPA_KERNELS = AttentionKernels("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
+                                sdpa_attention.prefix_attention, cascade_attention.merge_attention,
+                                cascade_prefill=True)
+NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
+                                  native_attention.prefix_attention, native_attention.merge_attention,
+                                  cascade_prefill=True, prefill_rows=native_attention.rows_attention)
+
+
+def triton_kernels() -> AttentionKernels:
+    """Built on demand: kernels.triton reads TRITON_INTERPRET as it defines its kernels, and imports triton."""
+    from kernels.triton import attention as triton_attention
+
+    return AttentionKernels("triton", triton_attention.write_kv, triton_attention.paged_decode_with_lse,
+                            triton_attention.prefix_attention, triton_attention.merge_attention)

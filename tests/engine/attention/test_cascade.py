@@ -1,0 +1,92 @@
+"""The attention backend on every kernel set against the plain paged reference (the oracle): a decode
+step and a prefill over a cached trunk, with the cascade split on and off."""
+import os
+
+import pytest
+import torch
+
+from engine.attention.base import AttentionBatch
+from engine.attention.select import select_backend
+from engine.kv.cache import KVCache
+from kernels.cpu import native_attention
+from kernels.reference import paged_attention
+
+BLOCK, HEADS, KV_HEADS, DIM = 16, 4, 2, 16
+SCALE = DIM ** -0.5
+TRUNKS = {"consecutive": [0, 1, 2, 3, 4], "scattered": [7, 3, 9, 1, 5]}   # 80 tokens: past the 64 cascade takes
+KERNEL_SETS = [
+    "torch", "sdpa",
+    pytest.param("native", marks=pytest.mark.skipif(not native_attention.available(), reason="no C compiler")),
+    pytest.param("triton", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                                    reason="the Triton kernels run on CPU tensors interpreted")),
+]
+
+
+def random_tensor(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def pool(layers: int = 2) -> KVCache:
+    shape = (40, BLOCK, KV_HEADS, DIM)
+    return KVCache([(random_tensor(*shape, seed=2 * i), random_tensor(*shape, seed=2 * i + 1))
+                    for i in range(layers)], BLOCK)
+
+
+def step(tables, context_lens, query_lens, queries="all") -> AttentionBatch:
+    slots, last_rows, row = [], [], -1
+    for table, context, new in zip(tables, context_lens, query_lens):
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(context - new, context)]
+        row += new
+        last_rows.append(row)
+    return AttentionBatch(queries == "all", torch.tensor(slots), context_lens, query_lens, tables,
+                          torch.tensor(last_rows) if queries == "all" else None, queries)
+
+
+def expected(kv: KVCache, layer: int, q, k, v, batch: AttentionBatch) -> torch.Tensor:
+    """Every new token's causal attention over its whole context, on a copy of the pool with k, v written."""
+    k_cache, v_cache = (t.clone() for t in kv.layers[layer])
+    paged_attention.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+    tables = [torch.tensor(t) for t in batch.block_tables]
+    return paged_attention.prefill_attention(q, k_cache, v_cache, tables, batch.context_lens, batch.query_lens, SCALE)
+
+
+@pytest.mark.parametrize("trunk", TRUNKS.values(), ids=TRUNKS.keys())
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "plain"])
+@pytest.mark.parametrize("kernels", KERNEL_SETS)
+def test_a_decode_step_attends_as_the_reference_and_writes_its_kv(kernels, cascade, trunk):
+    kv = pool()
+    attention = select_backend(kv, SCALE, choice=kernels)
+    attention.use_cascade(cascade)
+    tables = [trunk + [10, 11], [20, 21], trunk + [12]]        # rows 0 and 2 share the trunk, apart in the batch
+    batch = step(tables, [100, 25, 90], [1, 1, 1], queries="last")
+    attention.plan(batch)
+    assert len(batch.plan.decode.prefixes) == (1 if cascade else 0)
+    q, k, v = random_tensor(3, HEADS, DIM, seed=10), random_tensor(3, KV_HEADS, DIM, seed=11), \
+        random_tensor(3, KV_HEADS, DIM, seed=12)
+    want = expected(kv, 1, q, k, v, batch)
+    got = attention.forward(q, k, v, 1, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    k_cache, v_cache = kv.layers[1]
+    assert torch.equal(k_cache.view(-1, KV_HEADS, DIM)[batch.slot_mapping], k)
+    assert torch.equal(v_cache.view(-1, KV_HEADS, DIM)[batch.slot_mapping], v)
+
+
+@pytest.mark.parametrize("trunk", TRUNKS.values(), ids=TRUNKS.keys())
+@pytest.mark.parametrize("kernels", KERNEL_SETS)
+def test_a_prefill_over_a_cached_trunk_attends_as_the_reference_for_every_token_and_the_last(kernels, trunk):
+    kv = pool()
+    attention = select_backend(kv, SCALE, choice=kernels)
+    tables = [trunk + [10], trunk + [11], trunk + [12, 13], [30]]   # three continue the trunk, one is alone
+    batch = step(tables, [86, 90, 100, 5], [6, 10, 20, 5])
+    attention.plan(batch)
+    cascade_prefill = kernels in ("sdpa", "native")
+    assert [seqs for seqs, _ in batch.plan.prefill_groups] == ([[0, 1, 2]] if cascade_prefill else [])
+    tokens = sum(batch.query_lens)
+    q, k, v = random_tensor(tokens, HEADS, DIM, seed=20), random_tensor(tokens, KV_HEADS, DIM, seed=21), \
+        random_tensor(tokens, KV_HEADS, DIM, seed=22)
+    want = expected(kv, 0, q, k, v, batch)
+    torch.testing.assert_close(attention.forward(q, k, v, 0, batch), want, atol=1e-5, rtol=1e-5)
+    last = batch.last_tokens()
+    assert last.queries == "last" and batch.queries == "all" and last.query_rows.tolist() == [5, 15, 35, 40]
+    got = attention.forward(q[last.query_rows], k, v, 0, last)
+    torch.testing.assert_close(got, want[last.query_rows], atol=1e-5, rtol=1e-5)
