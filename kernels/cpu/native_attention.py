@@ -4,51 +4,22 @@
 - the shared-prefix half scores every row that shares the trunk against it in register tiles,
   spread over the threads by chunks of keys (kernels/cpu/csrc/prefix_attention.c).
 See `swarm bench-decode`. Other dtypes and shapes go to the SDPA path (kernels.cpu.sdpa_attention).
+The C functions run as the ops swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
+swarm::merge_attention (kernels.cpu.ops).
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from kernels.cpu import native, sdpa_attention
+from kernels.cpu import entry_points, ops, sdpa_attention
 from kernels.reference import cascade_attention
-
-_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
-PAGED_SIGNATURES = {   # kernels/cpu/csrc/paged_decode.c
-    "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, ctypes.c_float, _ptr,
-                            _ptr, ctypes.c_int], ctypes.c_int)}
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    return native.declared("paged_decode", PAGED_SIGNATURES)
-
-
-PREFIX_SIGNATURES = {   # kernels/cpu/csrc/prefix_attention.c
-    "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, ctypes.c_float, _ptr, _ptr,
-                                ctypes.c_int], ctypes.c_int),
-    "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)}
-
-
-ROWS_SIGNATURES = {   # kernels/cpu/csrc/rows_attention.c
-    "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, ctypes.c_int, ctypes.c_float, _ptr, _ptr,
-                              ctypes.c_int], ctypes.c_int)}
-
-
-@functools.cache
-def _prefix_library() -> ctypes.CDLL | None:
-    return native.declared("prefix_attention", PREFIX_SIGNATURES)
-
-
-@functools.cache
-def _rows_library() -> ctypes.CDLL | None:
-    return native.declared("rows_attention", ROWS_SIGNATURES)
 
 
 def available() -> bool:
-    return _library() is not None and _prefix_library() is not None and _rows_library() is not None
+    return all(entry_points.library(source) is not None
+               for source in ("paged_decode", "prefix_attention", "rows_attention"))
 
 
 def _takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -60,18 +31,9 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                      library: ctypes.CDLL | None = None):
     """Contract of kernels.reference.cascade_attention.prefix_attention; float32 CPU tensors only, others go
     to the SDPA path. library: tests pass other builds of the kernel."""
-    batch, heads, dim = q.shape
     if not (_takes_c(q, k, v) and len(k) > 0):
         return sdpa_attention.prefix_attention(q, k, v, scale)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty(batch, heads, dim)
-    lse = torch.empty(batch, heads)
-    failed = (library or _prefix_library()).swarm_prefix_attention(
-        q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(), k.shape[0], scale,
-        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
-    if failed:
-        raise MemoryError("shared-prefix attention could not allocate its scratch memory")
-    return out, lse
+    return ops.prefix_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, library=library)
 
 
 def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
@@ -81,18 +43,9 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
     float32 CPU tensors only, others go to the SDPA path. library: tests pass other builds."""
-    tokens, heads, dim = q.shape
-    if not (_takes_c(q, k, v) and len(k) >= tokens * causal and len(k) > 0):
+    if not (_takes_c(q, k, v) and len(k) >= len(q) * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty(tokens, heads, dim)
-    lse = torch.empty(tokens, heads)
-    failed = (library or _rows_library()).swarm_rows_attention(
-        q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(), k.shape[0], int(causal), scale,
-        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
-    if failed:
-        raise MemoryError("prefill attention could not allocate its scratch memory")
-    return out, lse
+    return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, library=library)
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -100,21 +53,11 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           library: ctypes.CDLL | None = None):
     """Contract of kernels.reference.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
     others go to the SDPA path. library: tests pass other builds of the kernel."""
-    batch, heads, dim = q.shape
     if not (_takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)
-    q = q.contiguous()
     tables = block_tables.to(torch.int64).contiguous()
-    lengths = lengths.to(torch.int64).contiguous()
-    out = torch.empty(batch, heads, dim)
-    lse = torch.empty(batch, heads)
-    failed = (library or _library()).swarm_paged_decode(
-        q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.shape[1], tables.data_ptr(), tables.shape[1], lengths.data_ptr(), scale,
-        out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
-    if failed:
-        raise MemoryError("paged decode attention could not allocate its scores")
-    return out, lse
+    return ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths.to(torch.int64).contiguous(), scale,
+                            library=library)
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):
@@ -124,8 +67,4 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
     if not (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
             and out_a.shape == out_b.shape and lse_a.shape == lse_b.shape == out_a.shape[:-1]):
         return cascade_attention.merge_attention(*tensors)
-    out_a, lse_a, out_b, lse_b = (t.contiguous() for t in tensors)
-    out, lse = torch.empty_like(out_a), torch.empty_like(lse_a)
-    _prefix_library().swarm_merge_attention(out_a.data_ptr(), lse_a.data_ptr(), out_b.data_ptr(), lse_b.data_ptr(),
-                                            lse_a.numel(), out_a.shape[-1], out.data_ptr(), lse.data_ptr())
-    return out, lse
+    return ops.merge_attention(*(t.contiguous() for t in tensors))

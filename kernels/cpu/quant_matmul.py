@@ -9,16 +9,15 @@ BLAS is compute-bound and faster.
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from kernels.cpu import native
+from kernels.cpu import entry_points, ops
 
-BLOCK = 32
+BLOCK = entry_points.QUANT_BLOCK   # values per quantized block, as the file stores them
 MAX_ROWS = 64
 
 
@@ -83,19 +82,8 @@ def dequantize(weight: QuantizedWeight) -> torch.Tensor:
     return values.reshape(rows, cols)
 
 
-_address, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-SIGNATURES = {   # kernels/cpu/csrc/quant_matmul.c
-    "swarm_quant_matmul": ([_address, _i64, _i64, _address, _address, _address, _int, _i64, _address, _address, _int],
-                           None)}
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    return native.declared("quant_matmul", SIGNATURES)
-
-
 def available() -> bool:
-    return _library() is not None
+    return entry_points.library("quant_matmul") is not None
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -105,18 +93,7 @@ def usable(x: torch.Tensor) -> bool:
 
 def quant_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  library: ctypes.CDLL | None = None) -> torch.Tensor:
-    """x @ dequantize(weight).T + bias for float32 x [rows, cols] on a CPU. library: the built kernel
-    (tests pass its portable build)."""
-    lib = library or _library()
-    rows, cols = weight.shape
-    if x.shape[-1] != cols:
-        raise ValueError(f"x has {x.shape[-1]} columns, the weight {cols}")
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
-    lib.swarm_quant_matmul(_ptr(x), x.shape[0], cols, _ptr(weight.codes), _ptr(weight.scale), _ptr(weight.offset),
-                           weight.bits, rows, _ptr(bias), _ptr(out), torch.get_num_threads())
-    return out
-
-
-def _ptr(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
+    """x @ dequantize(weight).T + bias for float32 x [rows, cols] on a CPU (the op swarm::quant_matmul).
+    library: another build of the kernel (tests pass its portable build)."""
+    return ops.quant_matmul(x.contiguous(), weight.codes, weight.scale, weight.offset, weight.bits, bias,
+                            library=library)

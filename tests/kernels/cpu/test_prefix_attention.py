@@ -72,8 +72,7 @@ def test_merge_matches_the_oracle_including_empty_pieces():
 @pytest.fixture(scope="module")
 def portable_library(tmp_path_factory):
     """The same source built without AVX2 or FMA: its plain-C path."""
-    return portable.portable_library("prefix_attention", native_attention.PREFIX_SIGNATURES,
-                                     tmp_path_factory.mktemp("portable"))
+    return portable.portable_library("prefix_attention", tmp_path_factory.mktemp("portable"))
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:])
@@ -87,7 +86,7 @@ def test_the_portable_build_matches_the_oracle(portable_library, shape):
 
 def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
     """Where the native build is AVX-512, its 16 lanes take the AVX2 code's steps lane for lane."""
-    library = portable.avx2_library("prefix_attention", native_attention.PREFIX_SIGNATURES, tmp_path)
+    library = portable.avx2_library("prefix_attention", tmp_path)
     for shape in SHAPES + [(3, 9, 3, 64, 300), (16, 8, 2, 64, 1000)]:
         q, k, v = inputs(*shape, seed=5)
         native_out, native_lse = native_attention.prefix_attention(q, k, v, 0.3)

@@ -61,7 +61,7 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype, cols):
 
 
 def test_the_portable_build_equals_the_dequantized_matmul(tmp_path):
-    library = portable.portable_library("quant_matmul", quant_matmul.SIGNATURES, tmp_path)
+    library = portable.portable_library("quant_matmul", tmp_path)
     for qtype in TYPES:
         weight, reference = gguf_weight(qtype, cols=1600)
         x, bias = torch.randn(13, 1600), torch.randn(reference.shape[0])
@@ -73,7 +73,7 @@ def test_the_portable_build_equals_the_dequantized_matmul(tmp_path):
 def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
     """Where the native build is AVX-512, it takes two columns at once, each the AVX2 code's steps
     lane for lane; an odd column count leaves one alone."""
-    library = portable.avx2_library("quant_matmul", quant_matmul.SIGNATURES, tmp_path)
+    library = portable.avx2_library("quant_matmul", tmp_path)
     for qtype in TYPES:
         for columns, depth, rows in [(96, 1600, 13), (37, 320, 8), (1, 64, 3), (200, 576, 70)]:
             weight, _ = gguf_weight(qtype, rows=columns, cols=depth, seed=columns)

@@ -62,7 +62,7 @@ def test_a_token_gets_the_same_bits_alone_on_the_keys_it_sees():
 
 
 def test_the_portable_build_matches_attention_written_out(tmp_path):
-    library = portable.portable_library("rows_attention", native_attention.ROWS_SIGNATURES, tmp_path)
+    library = portable.portable_library("rows_attention", tmp_path)
     for shape in SHAPES[:3]:
         *sizes, causal = shape
         q, k, v = inputs(*sizes, seed=4)
@@ -74,7 +74,7 @@ def test_the_portable_build_matches_attention_written_out(tmp_path):
 
 def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
     """Where the native build is AVX-512, its 16 lanes take the AVX2 code's steps lane for lane."""
-    library = portable.avx2_library("rows_attention", native_attention.ROWS_SIGNATURES, tmp_path)
+    library = portable.avx2_library("rows_attention", tmp_path)
     for shape in SHAPES:
         *sizes, causal = shape
         q, k, v = inputs(*sizes, seed=5)

@@ -166,12 +166,12 @@ def test_native_long_contexts_go_in_chunks_that_match_the_oracle_and_do_not_depe
 def test_the_portable_paged_build_matches_the_oracle_and_the_avx2_one_gives_the_native_bits(tmp_path):
     q, k_cache, v_cache, tables, lens = long_contexts(seed=7)
     native_out = native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
-    plain = portable.portable_library("paged_decode", native_attention.PAGED_SIGNATURES, tmp_path)
+    plain = portable.portable_library("paged_decode", tmp_path)
     expected = cascade_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE)
     for got, want in zip(native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE, plain),
                          expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    avx2 = portable.avx2_library("paged_decode", native_attention.PAGED_SIGNATURES, tmp_path)
+    avx2 = portable.avx2_library("paged_decode", tmp_path)
     for got, want in zip(native_attention.paged_decode_with_lse(q, k_cache, v_cache, tables, lens, SCALE, avx2),
                          native_out):
         assert torch.equal(got, want)

@@ -1,0 +1,208 @@
+"""The C kernels' entry points (kernels/cpu/csrc/*.c), called with tensors: their ctypes signatures, in
+this one table, and one plain function per entry point that checks its tensors (kernels.cpu.checks), allocates
+its outputs and calls the C function with sizes read off the tensors.
+
+Each function takes the loaded library first (`library(source)`; tests pass other builds of the same
+source) and the tensors in the order of its torch op (kernels.cpu.ops). `<name>_outputs` checks the
+arguments and returns the empty outputs: the op's fake implementation, for tracing, is that function.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kernels.cpu import native
+from kernels.cpu.checks import expect_optional, expect_rank, expect_tensor, refusal
+
+_ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function -> (argument types, result)
+    "fused_ops": {
+        "swarm_rms_norm": ([_ptr, _ptr, _i64, _i64, _f32, _ptr, _int], None),
+        "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None)},
+    "quant_matmul": {
+        "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _int], None)},
+    "paged_decode": {
+        "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
+                                _int], _int)},
+    "prefix_attention": {
+        "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr, _int], _int),
+        "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)},
+    "rows_attention": {
+        "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _f32, _ptr, _ptr, _int],
+                                 _int)},
+}
+QUANT_BLOCK = 32   # values per quantized block of a GGUF weight (kernels.cpu.quant_matmul)
+
+Tensor = torch.Tensor
+
+
+@functools.cache
+def library(source: str) -> ctypes.CDLL | None:
+    """csrc/<source>.c built and loaded with its functions declared; None where it cannot be built."""
+    return native.declared(source, SIGNATURES[source])
+
+
+def rms_norm_outputs(x: Tensor, weight: Tensor) -> Tensor:
+    expect_rank("rms_norm", "x", x, max(x.dim(), 1))   # any rank from 1 up
+    if x.shape[-1] == 0:
+        raise refusal("rms_norm", "x", "must have a last dimension of at least 1")
+    expect_tensor("rms_norm", "weight", weight, (x.shape[-1],))
+    return torch.empty_like(x)
+
+
+def rms_norm(lib: ctypes.CDLL, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    out = rms_norm_outputs(x, weight)
+    dim = x.shape[-1]
+    lib.swarm_rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // dim, dim, eps, out.data_ptr(),
+                       torch.get_num_threads())
+    return out
+
+
+def rotary_outputs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    expect_rank("rotary", "x", x, 3)
+    tokens, _, dim = x.shape
+    if dim % 2:
+        raise refusal("rotary", "x", f"must have an even head width, got {dim}")
+    expect_tensor("rotary", "cos", cos, (tokens, dim))
+    expect_tensor("rotary", "sin", sin, (tokens, dim))
+    return torch.empty_like(x)
+
+
+def rotary(lib: ctypes.CDLL, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    out = rotary_outputs(x, cos, sin)
+    tokens, heads, dim = x.shape
+    lib.swarm_rotary(x.data_ptr(), tokens, heads, dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                     torch.get_num_threads())
+    return out
+
+
+def quant_matmul_outputs(x: Tensor, codes: Tensor, scale: Tensor, offset: Tensor | None, bits: int,
+                         bias: Tensor | None) -> Tensor:
+    if bits not in (4, 8):
+        raise refusal("quant_matmul", "bits", f"must be 4 or 8, got {bits}")
+    expect_rank("quant_matmul", "scale", scale, 2)
+    rows, blocks = scale.shape
+    expect_tensor("quant_matmul", "codes", codes, (rows, blocks * QUANT_BLOCK * bits // 8), torch.uint8)
+    expect_optional("quant_matmul", "offset", offset, (rows, blocks))
+    expect_optional("quant_matmul", "bias", bias, (rows,))
+    expect_rank("quant_matmul", "x", x, 2)
+    if x.shape[1] != blocks * QUANT_BLOCK:
+        raise refusal("quant_matmul", "x", f"has {x.shape[1]} columns, the weight {blocks * QUANT_BLOCK}")
+    return x.new_empty(x.shape[0], rows)
+
+
+def quant_matmul(lib: ctypes.CDLL, x: Tensor, codes: Tensor, scale: Tensor, offset: Tensor | None, bits: int,
+                 bias: Tensor | None) -> Tensor:
+    out = quant_matmul_outputs(x, codes, scale, offset, bits, bias)
+    lib.swarm_quant_matmul(x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scale.data_ptr(),
+                           _ptr_or_null(offset), bits, codes.shape[0], _ptr_or_null(bias), out.data_ptr(),
+                           torch.get_num_threads())
+    return out
+
+
+def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                         lengths: Tensor) -> tuple[Tensor, Tensor]:
+    expect_rank("paged_decode", "q", q, 3)
+    batch, heads, dim = q.shape
+    expect_rank("paged_decode", "k_cache", k_cache, 4)
+    _expect_heads("paged_decode", q, "k_cache", k_cache.shape[2:])
+    expect_tensor("paged_decode", "v_cache", v_cache, k_cache.shape)
+    expect_rank("paged_decode", "block_tables", block_tables, 2, torch.int64)
+    if block_tables.shape[0] != batch:
+        raise refusal("paged_decode", "block_tables", f"must have a row for each of q's {batch} rows, "
+                                                      f"got {block_tables.shape[0]}")
+    expect_tensor("paged_decode", "lengths", lengths, (batch,), torch.int64)
+    return q.new_empty(batch, heads, dim), q.new_empty(batch, heads)
+
+
+def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                 lengths: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths)
+    batch, heads, dim = q.shape
+    failed = lib.swarm_paged_decode(q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(),
+                                    v_cache.data_ptr(), k_cache.shape[1], block_tables.data_ptr(),
+                                    block_tables.shape[1], lengths.data_ptr(), scale, out.data_ptr(), lse.data_ptr(),
+                                    torch.get_num_threads())
+    if failed:
+        raise MemoryError("paged decode attention could not allocate its scores")
+    return out, lse
+
+
+def prefix_attention_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    return _rows_outputs("prefix_attention", q, k, v)
+
+
+def prefix_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    out, lse = prefix_attention_outputs(q, k, v)
+    batch, heads, dim = q.shape
+    failed = lib.swarm_prefix_attention(q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
+                                        k.shape[0], scale, out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("shared-prefix attention could not allocate its scratch memory")
+    return out, lse
+
+
+def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    outputs = _rows_outputs("rows_attention", q, k, v)
+    if causal and k.shape[0] < q.shape[0]:
+        raise refusal("rows_attention", "k", f"must hold at least as many keys as q has tokens when causal, "
+                                             f"got {k.shape[0]} for {q.shape[0]}")
+    return outputs
+
+
+def rows_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                   causal: bool) -> tuple[Tensor, Tensor]:
+    out, lse = rows_attention_outputs(q, k, v, causal)
+    tokens, heads, dim = q.shape
+    failed = lib.swarm_rows_attention(q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
+                                      k.shape[0], int(causal), scale, out.data_ptr(), lse.data_ptr(),
+                                      torch.get_num_threads())
+    if failed:
+        raise MemoryError("prefill attention could not allocate its scratch memory")
+    return out, lse
+
+
+def merge_attention_outputs(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    expect_rank("merge_attention", "out_a", out_a, max(out_a.dim(), 1))   # any rank from 1 up
+    expect_tensor("merge_attention", "lse_a", lse_a, out_a.shape[:-1])
+    expect_tensor("merge_attention", "out_b", out_b, out_a.shape)
+    expect_tensor("merge_attention", "lse_b", lse_b, out_a.shape[:-1])
+    return torch.empty_like(out_a), torch.empty_like(lse_a)
+
+
+def merge_attention(lib: ctypes.CDLL, out_a: Tensor, lse_a: Tensor, out_b: Tensor,
+                    lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    out, lse = merge_attention_outputs(out_a, lse_a, out_b, lse_b)
+    lib.swarm_merge_attention(out_a.data_ptr(), lse_a.data_ptr(), out_b.data_ptr(), lse_b.data_ptr(), lse_a.numel(),
+                              out_a.shape[-1], out.data_ptr(), lse.data_ptr())
+    return out, lse
+
+
+def _rows_outputs(op: str, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows q [rows, heads, dim] over one key set k, v [keys, kv_heads, dim] -> out, lse [rows, heads]."""
+    expect_rank(op, "q", q, 3)
+    rows, heads, dim = q.shape
+    expect_rank(op, "k", k, 3)
+    _expect_heads(op, q, "k", k.shape[1:])
+    expect_tensor(op, "v", v, k.shape)
+    if k.shape[0] == 0:
+        raise refusal(op, "k", "must hold at least one key")
+    return q.new_empty(rows, heads, dim), q.new_empty(rows, heads)
+
+
+def _expect_heads(op: str, q: Tensor, kv_name: str, kv_heads_and_dim: torch.Size) -> None:
+    """q [.., heads, dim] against keys [.., kv_heads, dim]: query heads in groups of a KV head, dim a multiple of 8."""
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads, kv_dim = kv_heads_and_dim
+    if kv_dim != dim:
+        raise refusal(op, kv_name, f"must have q's head width {dim}, got {kv_dim}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise refusal(op, "q", f"must have a multiple of the {kv_heads} KV heads, got {heads} heads")
+    if dim % 8:
+        raise refusal(op, "q", f"must have a head width that is a multiple of 8, got {dim}")
+
+
+def _ptr_or_null(tensor: Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
