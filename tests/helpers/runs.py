@@ -28,6 +28,15 @@ def swarm(*args, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+# The reader agent's transcript in the scripted run, the same on every backend: a call, a malformed
+# call answered with an error, another call, then its final answer.
+READER_EVENTS = ["message", "message", "prefilled",
+                 "assistant", "tool_call", "tool_result", "prefilled",
+                 "assistant", "tool_error", "prefilled",
+                 "assistant", "tool_call", "tool_result", "prefilled",
+                 "assistant", "end"]
+
+
 def read_transcript(path: Path) -> list[dict]:
     """An agent's transcript, one JSON document a line: read as any user would, with json."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

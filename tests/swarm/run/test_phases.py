@@ -17,7 +17,7 @@ from swarm.run.phases import SwarmRun, run_phases
 from swarm.run.stop_flag import StopFlag
 from swarm.spec.schema import load_spec
 from tests.helpers.processes import is_running, wait_for_pids
-from tests.helpers.runs import ScriptedSampler, read_transcript, tiny_model, write_run_spec
+from tests.helpers.runs import READER_EVENTS, ScriptedSampler, read_transcript, tiny_model, write_run_spec
 
 SCRIPTS = {
     "reader": ['<tool_call>{"name": "read_file", "arguments": {"path": "textkit/temperature.py"}}</tool_call>',
@@ -94,12 +94,7 @@ def test_every_agent_ends_with_its_reason(scripted_run):
 def test_transcript_records_messages_calls_results_and_token_counts(scripted_run):
     run, _, _ = scripted_run
     events = events_of(run, "reader")
-    assert [e["event"] for e in events] == [
-        "message", "message", "prefilled",
-        "assistant", "tool_call", "tool_result", "prefilled",
-        "assistant", "tool_error", "prefilled",
-        "assistant", "tool_call", "tool_result", "prefilled",
-        "assistant", "end"]
+    assert [e["event"] for e in events] == READER_EVENTS
     assert events[0]["role"] == "system" and events[1]["role"] == "user"
     assert "Fix the failing test" in events[1]["content"]
     assert "+ 23" in events[5]["output"] and events[5]["ok"]

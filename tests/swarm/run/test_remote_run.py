@@ -26,6 +26,7 @@ from swarm.spec.schema import load_spec
 from tests.helpers.runs import (
     ENV,
     EOS_ID,
+    READER_EVENTS,
     ScriptedSampler,
     interrupt_once_decoding,
     read_transcript,
@@ -188,12 +189,7 @@ def test_the_tool_loop_runs_through_the_server(scripted_run):
     assert (run.info.run_dir / "workspaces" / "reader" / "textkit" / "temperature.py").read_text() == "FIXED"
     assert (run.info.run_dir / "workspaces" / "writer" / "notes.txt").read_text() == "hi"
     events = transcript(run, "reader")
-    assert [e["event"] for e in events] == [
-        "message", "message", "prefilled",
-        "assistant", "tool_call", "tool_result", "prefilled",
-        "assistant", "tool_error", "prefilled",
-        "assistant", "tool_call", "tool_result", "prefilled",
-        "assistant", "end"]
+    assert [e["event"] for e in events] == READER_EVENTS
     assert events[3]["tool_calls"][0]["function"]["name"] == "read_file"  # the server parsed the call
     assert "tool_calls" not in events[7] and "<tool_call>" in events[7]["content"]  # malformed: left as text
     assert events[5]["output"] == "'textkit/__init__.py' is empty"
