@@ -12,9 +12,11 @@ import ctypes
 import functools
 
 import torch
+from gguf import GGMLQuantizationType
 
 from kernels.cpu import native
 from kernels.cpu.checks import expect_optional, expect_rank, expect_tensor, refusal
+from kernels.reference.quant_blocks import block_layout
 
 _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function -> (argument types, result)
@@ -22,7 +24,8 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_rms_norm": ([_ptr, _ptr, _i64, _i64, _f32, _ptr, _int], None),
         "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None)},
     "quant_matmul": {
-        "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _ptr, _ptr, _int, _i64, _ptr, _ptr, _int], None)},
+        "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
+        "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
                                 _int], _int)},
@@ -33,7 +36,9 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _f32, _ptr, _ptr, _int],
                                  _int)},
 }
-QUANT_BLOCK = 32   # values per quantized block of a GGUF weight (kernels.cpu.quant_matmul)
+# The block formats quant_matmul.c reads: name -> (GGML type code, values a block, bytes a block)
+QUANT_FORMATS = {name: (GGMLQuantizationType[name].value, *block_layout(name))
+                 for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")}
 
 Tensor = torch.Tensor
 
@@ -78,28 +83,44 @@ def rotary(lib: ctypes.CDLL, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
-def quant_matmul_outputs(x: Tensor, codes: Tensor, scale: Tensor, offset: Tensor | None, bits: int,
-                         bias: Tensor | None) -> Tensor:
-    if bits not in (4, 8):
-        raise refusal("quant_matmul", "bits", f"must be 4 or 8, got {bits}")
-    expect_rank("quant_matmul", "scale", scale, 2)
-    rows, blocks = scale.shape
-    expect_tensor("quant_matmul", "codes", codes, (rows, blocks * QUANT_BLOCK * bits // 8), torch.uint8)
-    expect_optional("quant_matmul", "offset", offset, (rows, blocks))
+def quant_matmul_outputs(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tensor | None) -> Tensor:
+    rows = _expect_blocks("quant_matmul", blocks, format, cols)
     expect_optional("quant_matmul", "bias", bias, (rows,))
     expect_rank("quant_matmul", "x", x, 2)
-    if x.shape[1] != blocks * QUANT_BLOCK:
-        raise refusal("quant_matmul", "x", f"has {x.shape[1]} columns, the weight {blocks * QUANT_BLOCK}")
+    if x.shape[1] != cols:
+        raise refusal("quant_matmul", "x", f"has {x.shape[1]} columns, the weight {cols}")
     return x.new_empty(x.shape[0], rows)
 
 
-def quant_matmul(lib: ctypes.CDLL, x: Tensor, codes: Tensor, scale: Tensor, offset: Tensor | None, bits: int,
-                 bias: Tensor | None) -> Tensor:
-    out = quant_matmul_outputs(x, codes, scale, offset, bits, bias)
-    lib.swarm_quant_matmul(x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scale.data_ptr(),
-                           _ptr_or_null(offset), bits, codes.shape[0], _ptr_or_null(bias), out.data_ptr(),
-                           torch.get_num_threads())
+def quant_matmul(lib: ctypes.CDLL, x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tensor | None) -> Tensor:
+    out = quant_matmul_outputs(x, blocks, format, cols, bias)
+    lib.swarm_quant_matmul(x.data_ptr(), x.shape[0], cols, blocks.data_ptr(), QUANT_FORMATS[format][0],
+                           blocks.shape[0], _ptr_or_null(bias), out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def quant_dequantize_outputs(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
+    rows = _expect_blocks("quant_dequantize", blocks, format, cols)
+    expect_tensor("quant_dequantize", "out", out, (rows, cols))
+
+
+def quant_dequantize(lib: ctypes.CDLL, blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
+    quant_dequantize_outputs(blocks, format, cols, out)
+    lib.swarm_quant_dequantize(blocks.data_ptr(), QUANT_FORMATS[format][0], blocks.shape[0], cols, out.data_ptr(),
+                               torch.get_num_threads())
+
+
+def _expect_blocks(op: str, blocks: Tensor, format: str, cols: int) -> int:
+    """blocks: uint8 [rows, the bytes of `cols` values of `format`], a format the kernel reads -> rows."""
+    layout = QUANT_FORMATS.get(format)
+    if layout is None:
+        raise refusal(op, "format", f"must be one of {', '.join(QUANT_FORMATS)}, got {format!r}")
+    _, values, nbytes = layout
+    if cols <= 0 or cols % values:
+        raise refusal(op, "cols", f"must be a positive multiple of {values} for {format}, got {cols}")
+    expect_rank(op, "blocks", blocks, 2, torch.uint8)
+    expect_tensor(op, "blocks", blocks, (blocks.shape[0], cols // values * nbytes), torch.uint8)
+    return blocks.shape[0]
 
 
 def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,

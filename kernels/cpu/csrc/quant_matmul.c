@@ -1,28 +1,39 @@
-/* y = x @ W.T + bias for a few rows of float32 x against a weight kept in GGUF's block formats.
+/* y = x @ W.T + bias for a few rows of float32 x against a weight kept as its GGUF file's blocks
+ * (quant_blocks.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and the expansion of rows of such a
+ * weight to float32 (the scratch that prefill multiplies with a GEMM).
  *
- * W[n, 32 b + j] = scale[n, b] * q(n, b, j) + offset[n, b], exactly the float32 value the gguf
- * package's dequantize gives (one multiply, one add, never fused). q is:
- *   bits 4: the block's 16 bytes hold j < 16 in the low nibbles and j >= 16 in the high ones
- *           (Q4_1; Q4_0 is the same with offset = -8 * scale);
- *   bits 8: 32 signed bytes (Q8_0, offset NULL).
- *
- * Each output element sums its 32-wide blocks in the same order whatever the number of rows
- * or threads, so a row's result does not depend on what it is batched with.
- * Built by kernels/cpu/native.py; called through ctypes from kernels/cpu/quant_matmul.py.
+ * W[n, k] is exactly the float32 value gguf.quants.dequantize gives, and each output element is
+ *     y[i, n] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) + bias[n],
+ *     lr = the fused multiply-adds of W[n, k] * x[i, k] for k = r, r + 8, r + 16, ... in turn, from 0,
+ * whatever the number of rows or threads and whichever build (AVX-512, AVX2, plain C) runs: a row's
+ * result does not depend on what it is batched with.
+ * Built by kernels/cpu/native.py; called through kernels/cpu/entry_points.py.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define BLOCK 32
+#include "quant_blocks.h"
+
 #define ROW_TILE 8
-#define MAX_ROWS 64        /* rows a pass (kernels/cpu/quant_matmul.py sends no more for decode) */
-#define SPAN_BLOCKS 24     /* at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
-#define GROUP_COLUMNS 32
+#define MAX_ROWS 64          /* rows a pass (kernels/cpu/quant_matmul.py sends no more for decode) */
+#define SPAN_VALUES 768      /* of the K axis at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
+#define GROUP_COLUMNS 32     /* a thread's columns a task at most, their lane sums waiting in carry between spans */
+#define ROWS_A_TASK 16       /* of the expansion: threads take rows 16 at a time */
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "quant_chunks.h"
 
-#define INLINE static inline __attribute__((always_inline))
+/* A pass takes VECTORS_A_PASS vectors of columns: a column's sum is one chain of dependent multiply-adds,
+   and 1-2 rows leave too few chains side by side to hide their latency (1 row: 27.7 -> 19.5 us for
+   SmolLM2's gate_proj with 8 columns a pass against 2, AVX-512); more rows fill the registers with
+   accumulators (16 AVX2 registers, 32 AVX-512). Tiles are 1, 2, 4 or 8 rows: a few shapes to compile. */
+#if COLUMNS_A_VECTOR == 2
+#define VECTORS_A_PASS(tile) ((tile) <= 4 ? 4 : 2)
+#else
+#define VECTORS_A_PASS(tile) ((tile) <= 2 ? 4 : (tile) == 4 ? 2 : 1)
+#endif
+#define COLUMNS_AT_ONCE (4 * COLUMNS_A_VECTOR)
 
 static inline float sum_lanes(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -31,211 +42,217 @@ static inline float sum_lanes(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-/* AVX-512: columns two a vector, column n + 2h in lanes 0-7 of vector h and n + 2h + 1 in lanes
-   8-15, each half taking the AVX2 code's steps (below) lane for lane, so both builds give the same
-   bits. A pass takes 4 columns, or 8 for 1-2 rows: a column's sum is one chain of dependent
-   multiply-adds, and few rows leave too few chains side by side to hide their latency (1 row:
-   27.7 -> 19.5 us for SmolLM2's gate_proj with 8 columns a pass against 2). */
-#define COLUMNS_AT_ONCE 8
-#define COLUMNS_A_PASS(tile) ((tile) <= 2 ? 8 : 4)
+/* Block b of the next pass's columns, once a cache line: hardware prefetching follows each column's row,
+   not the jump to the next rows (a weight streaming from memory: 0.7-0.9 of the time without). */
+INLINE void prefetch_next_pass(int format, const uint8_t *const *col, int columns, int64_t row_bytes, int64_t b) {
+    const int64_t bb = block_bytes(format), every = bb < 64 ? 64 / bb : 1;
+    if (b % every) return;
+    for (int c = 0; c < columns; c++)
+        for (int64_t line = 0; line < bb; line += 64)
+            _mm_prefetch((const char *)(col[c] + columns * row_bytes + b * bb + line), _MM_HINT_T0);
+}
 
-/* the j-th 8 values of a block of two columns (q0, q1), as dequant_part below */
-INLINE __m512 dequant_part(const uint8_t *q0, const uint8_t *q1, int bits, int j, __m512 scale, __m512 offset,
-                           int has_offset) {
-    const int at = bits == 4 ? 8 * (j & 1) : 8 * j;
-    const __m128i bytes = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(q0 + at)),
-                                             _mm_loadl_epi64((const __m128i *)(q1 + at)));
-    __m512i codes;
-    if (bits == 4) {
-        codes = _mm512_cvtepu8_epi32(bytes);
-        codes = j < 2 ? _mm512_and_si512(codes, _mm512_set1_epi32(0x0F)) : _mm512_srli_epi32(codes, 4);
-    } else {
-        codes = _mm512_cvtepi8_epi32(bytes);
+/* Sub-block s of block b (blocks[c]: column c's; d, m: their scales) against the tile's rows of x (xr),
+   added to acc: each chunk expanded a vector at a time, between the products of every row. */
+INLINE void sub_block_dot(int format, int tile, const uint8_t *const *blocks, const float *const *d,
+                          const float *const *m, int s, const float *const *xr, int64_t k0, vfloat (*acc)[4]) {
+    const int vectors = VECTORS_A_PASS(tile);
+    sub_header head[4];
+    for (int h = 0; h < vectors; h++) {
+        const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
+        head[h] = sub_header_of(format, blocks[a], blocks[z], d[a], d[z], m[a], m[z], s);
     }
-    const __m512 w = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(codes));
-    return has_offset ? _mm512_add_ps(w, offset) : w;
-}
-
-INLINE __m512 pair(float a, float b) {
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
-}
-
-/* tile_dot below for `count` columns from n (at most COLUMNS_A_PASS(tile)); lanes of the columns
-   past count repeat column n and are dropped */
-INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const uint8_t *q, int64_t q_block,
-                     const float *scale, const float *offset, int bits, int has_offset, int64_t first, int64_t last,
-                     float *carry, int64_t N, int64_t n, int count, int64_t per_column, const float *bias,
-                     float *y) {
-    const int vectors = COLUMNS_A_PASS(tile) / 2;
-    const int64_t blocks = K / BLOCK;
-    int64_t at[8];   /* each column's distance from column n, in columns */
-    for (int c = 0; c < 2 * vectors; c++) at[c] = c < count ? c : 0;
-    __m512 acc[ROW_TILE][4];
-    for (int i = 0; i < tile; i++)
+    for (int j = 0; j < 4; j++) {
+        vfloat w[4];
         for (int h = 0; h < vectors; h++) {
-            const float *low = carry + at[2 * h] * per_column + 8 * i;
-            const float *high = carry + at[2 * h + 1] * per_column + 8 * i;
-            acc[i][h] = first == 0 ? _mm512_setzero_ps()
-                                   : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(low)),
-                                                        _mm256_loadu_ps(high), 1);
+            const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
+            w[h] = chunk_of(format, blocks[a], blocks[z], s, j, head[h]);
         }
-    for (int64_t b = first; b < last; b++) {
-        const float *xb = x + row0 * K + b * BLOCK;
-        __m512 d[4], m[4];
+        for (int i = 0; i < tile; i++) {
+            const vfloat xv = x_chunk(xr[i] + k0 + 32 * s + 8 * j);
+            for (int h = 0; h < vectors; h++) acc[i][h] = VF_FMADD(w[h], xv, acc[i][h]);
+        }
+    }
+}
+
+/* Sub-blocks 2 g and 2 g + 1 of a Q4_K block, as two sub_block_dot (the same order of sums), the bytes they
+   share widened once: gcc would load them again (char loads alias the stores between); 0.87-0.93 of the time. */
+INLINE void q4_k_pair_dot(int tile, const uint8_t *const *blocks, const float *const *d,
+                            const float *const *m, int g, const float *const *xr, int64_t k0, vfloat (*acc)[4]) {
+    const int vectors = VECTORS_A_PASS(tile);
+    vint shared[4][4];   /* [chunk][vector] */
+    for (int j = 0; j < 4; j++)
         for (int h = 0; h < vectors; h++) {
-            d[h] = pair(scale[at[2 * h] * blocks + b], scale[at[2 * h + 1] * blocks + b]);
-            m[h] = has_offset ? pair(offset[at[2 * h] * blocks + b], offset[at[2 * h + 1] * blocks + b]) : d[h];
+            const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
+            shared[j][h] = q4_k_pair_bytes(blocks[a], blocks[z], g, j);
+        }
+    for (int t = 0; t < 2; t++) {
+        sub_header head[4];
+        for (int h = 0; h < vectors; h++) {
+            const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
+            head[h] = sub_header_of(Q4_K, blocks[a], blocks[z], d[a], d[z], m[a], m[z], 2 * g + t);
         }
         for (int j = 0; j < 4; j++) {
-            __m512 w[4];
-            for (int h = 0; h < vectors; h++)
-                w[h] = dequant_part(q + (at[2 * h] * blocks + b) * q_block, q + (at[2 * h + 1] * blocks + b) * q_block,
-                                    bits, j, d[h], m[h], has_offset);
+            vfloat w[4];
+            for (int h = 0; h < vectors; h++) w[h] = q4_k_pair_chunk(shared[j][h], t, head[h]);
             for (int i = 0; i < tile; i++) {
-                const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xb + i * K + 8 * j));
-                for (int h = 0; h < vectors; h++) acc[i][h] = _mm512_fmadd_ps(w[h], xv, acc[i][h]);
+                const vfloat xv = x_chunk(xr[i] + k0 + 32 * (2 * g + t) + 8 * j);
+                for (int h = 0; h < vectors; h++) acc[i][h] = VF_FMADD(w[h], xv, acc[i][h]);
             }
         }
     }
+}
+
+/* Block b of the pass's columns (col[c]: column c's row of blocks) into acc. */
+INLINE void block_dot(int format, int tile, const uint8_t *const *col, int64_t row_bytes, int64_t b,
+                      const float *const *xr, vfloat (*acc)[4]) {
+    const int columns = VECTORS_A_PASS(tile) * COLUMNS_A_VECTOR, bv = block_values(format);
+    const int64_t bb = block_bytes(format);
+    const uint8_t *blocks[COLUMNS_AT_ONCE];
+    const float *d[COLUMNS_AT_ONCE], *m[COLUMNS_AT_ONCE];
+    k_scales ks[COLUMNS_AT_ONCE];
+    prefetch_next_pass(format, col, columns, row_bytes, b);
+    for (int c = 0; c < columns; c++) {
+        blocks[c] = col[c] + b * bb;
+        if (is_k_quant(format)) k_scales_of(format, blocks[c], &ks[c]), d[c] = ks[c].d, m[c] = ks[c].m;
+        else d[c] = half_at(blocks[c]), m[c] = half_at(blocks[c] + 2);
+    }
+    const int group = subs_sharing_bytes(format);
+    for (int g = 0; g < bv / 32 / group; g++) {
+        if (format == Q4_K) {
+            q4_k_pair_dot(tile, blocks, d, m, g, xr, b * bv, acc);
+            continue;
+        }
+        #pragma GCC unroll 4
+        for (int t = 0; t < group; t++) sub_block_dot(format, tile, blocks, d, m, g * group + t, xr, b * bv, acc);
+    }
+}
+
+/* `rows` rows of x from row0 (a tile of `tile`: the rest repeat row0 and are dropped) against `count`
+   columns from n (at most a pass's: lanes of the others repeat column n and are dropped), over blocks
+   [first, last) of the K axis. The lane sums start from and go back to carry ([column][row][8], at column n
+   and row0) between spans; the last span writes y. tile and format are constants after inlining, so the
+   accumulators stay in registers. */
+INLINE void tile_dot(const float *x, int64_t row0, int tile, int rows, int64_t K, const uint8_t *q, int64_t row_bytes,
+                     int format, int64_t first, int64_t last, float *carry, int64_t N, int64_t n, int count,
+                     int64_t per_column, const float *bias, float *y) {
+    const int vectors = VECTORS_A_PASS(tile);
+    int at[COLUMNS_AT_ONCE];   /* each lane half's column, from n */
+    const uint8_t *col[COLUMNS_AT_ONCE];
+    for (int c = 0; c < COLUMNS_AT_ONCE; c++) at[c] = c < count ? c : 0, col[c] = q + at[c] * row_bytes;
+    const float *xr[ROW_TILE];
+    for (int i = 0; i < tile; i++) xr[i] = x + (row0 + (i < rows ? i : 0)) * K;
+    vfloat acc[ROW_TILE][4];
     for (int i = 0; i < tile; i++)
+        for (int h = 0; h < vectors; h++) {
+            const int low = at[h * COLUMNS_A_VECTOR], high = at[h * COLUMNS_A_VECTOR + COLUMNS_A_VECTOR - 1];
+            acc[i][h] = first == 0 || i >= rows ? VF_ZERO() : halves(carry + low * per_column + 8 * i,
+                                                                     carry + high * per_column + 8 * i);
+        }
+    for (int64_t b = first; b < last; b++) block_dot(format, tile, col, row_bytes, b, xr, acc);
+    const int bv = block_values(format);
+    for (int i = 0; i < rows; i++)
         for (int c = 0; c < count; c++) {
-            const __m512 both = acc[i][c / 2];
-            const __m256 lanes = c % 2 ? _mm512_extractf32x8_ps(both, 1) : _mm512_castps512_ps256(both);
-            if (last * BLOCK < K) _mm256_storeu_ps(carry + c * per_column + 8 * i, lanes);
+            const __m256 lanes = half_of(acc[i][c / COLUMNS_A_VECTOR], c % COLUMNS_A_VECTOR);
+            if (last * bv < K) _mm256_storeu_ps(carry + c * per_column + 8 * i, lanes);
             else y[(row0 + i) * N + n + c] = sum_lanes(lanes) + (bias ? bias[n + c] : 0.0f);
         }
 }
 
-#else
-#define COLUMNS_AT_ONCE 1
-#define COLUMNS_A_PASS(tile) 1
+/* `count` columns from n (at most COLUMNS_AT_ONCE) in passes of VECTORS_A_PASS(T) vectors */
+#define TILE_DOT(T, R) \
+    for (int c0 = 0, step = VECTORS_A_PASS(T) * COLUMNS_A_VECTOR; c0 < count; c0 += step) \
+        tile_dot(x, row0, T, R, K, q + c0 * row_bytes, row_bytes, format, first, last, carry + c0 * per_column, \
+                 N, n + c0, count - c0 < step ? count - c0 : step, per_column, bias, y)
 
-/* the j-th 8 values of a block (bits and whether there is an offset are constants after inlining) */
-INLINE __m256 dequant_part(const uint8_t *q, int bits, int j, __m256 scale, __m256 offset, int has_offset) {
-    __m256i codes;
-    if (bits == 4) {   /* j 0, 1: low nibbles of bytes 0-7, 8-15; j 2, 3: their high nibbles */
-        codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * (j & 1))));
-        codes = j < 2 ? _mm256_and_si256(codes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(codes, 4);
-    } else {
-        codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j)));
-    }
-    const __m256 w = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(codes));
-    return has_offset ? _mm256_add_ps(w, offset) : w;
-}
-
-/* rows [row0, row0 + tile) of x against column n over blocks [first, last) of the K axis. The lane
-   sums start from and go back to carry ([tile][8]) between spans; the last span writes y. tile,
-   bits and whether there is an offset are constants after inlining, so the accumulators stay in
-   registers and each block is dequantized one vector at a time, between the products. */
-INLINE void tile_dot(const float *x, int64_t row0, int tile, int64_t K, const uint8_t *q, int64_t q_block,
-                     const float *scale, const float *offset, int bits, int has_offset, int64_t first, int64_t last,
-                     float *carry, int64_t N, int64_t n, int count, int64_t per_column, const float *bias,
-                     float *y) {
-    (void)count, (void)per_column;
-    __m256 acc[ROW_TILE];
-    for (int i = 0; i < tile; i++) acc[i] = first == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(carry + 8 * i);
-    for (int64_t b = first; b < last; b++) {
-        const float *xb = x + row0 * K + b * BLOCK;
-        const __m256 d = _mm256_set1_ps(scale[b]), m = has_offset ? _mm256_set1_ps(offset[b]) : d;
-        for (int j = 0; j < 4; j++) {
-            const __m256 w = dequant_part(q + b * q_block, bits, j, d, m, has_offset);
-            for (int i = 0; i < tile; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xb + i * K + 8 * j), acc[i]);
-        }
-    }
-    if (last * BLOCK < K) {
-        for (int i = 0; i < tile; i++) _mm256_storeu_ps(carry + 8 * i, acc[i]);
-        return;
-    }
-    for (int i = 0; i < tile; i++) y[(row0 + i) * N + n] = sum_lanes(acc[i]) + (bias ? bias[n] : 0.0f);
-}
-#endif
-
-/* `count` columns from n (at most COLUMNS_AT_ONCE) in passes of COLUMNS_A_PASS(T) */
-#define TILE_DOT(T) \
-    for (int c0 = 0; c0 < count; c0 += COLUMNS_A_PASS(T)) \
-        tile_dot(x, row0, T, K, q + c0 * blocks * q_block, q_block, scale + c0 * blocks, \
-                 has_offset ? offset + c0 * blocks : NULL, bits, has_offset, first, last, carry + c0 * per_column, \
-                 N, n + c0, count - c0 < COLUMNS_A_PASS(T) ? count - c0 : COLUMNS_A_PASS(T), per_column, bias, y)
-
-INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t q_block, const float *scale,
-                     const float *offset, int bits, int has_offset, int64_t first, int64_t last, float *carry,
-                     int64_t N, int64_t n, int count, int64_t per_column, const float *bias, float *y) {
-    const int64_t blocks = K / BLOCK;
-    int64_t row0 = 0;
-    for (; row0 + ROW_TILE <= M; row0 += ROW_TILE, carry += 8 * ROW_TILE) TILE_DOT(ROW_TILE);
-    switch (M - row0) {
-        case 7: TILE_DOT(7); break;
-        case 6: TILE_DOT(6); break;
-        case 5: TILE_DOT(5); break;
-        case 4: TILE_DOT(4); break;
-        case 3: TILE_DOT(3); break;
-        case 2: TILE_DOT(2); break;
-        case 1: TILE_DOT(1); break;
-        default: break;
+INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t row_bytes, int format,
+                     int64_t first, int64_t last, float *carry, int64_t N, int64_t n, int count, int64_t per_column,
+                     const float *bias, float *y) {
+    for (int64_t row0 = 0; row0 < M; row0 += ROW_TILE, carry += 8 * ROW_TILE) {   /* one call site a tile: */
+        const int rows = (int)(M - row0 < ROW_TILE ? M - row0 : ROW_TILE);          /* less code to compile */
+        if (rows > 4) TILE_DOT(8, rows);
+        else if (rows > 2) TILE_DOT(4, rows);
+        else if (rows == 2) TILE_DOT(2, 2);
+        else TILE_DOT(1, 1);
     }
 }
 
-/* columns [n0, n1), COLUMNS_AT_ONCE at a time, the K axis in equal spans of at most SPAN_BLOCKS, so
-   that a span of x stays in the L1 cache while every column reads it; carry holds each column's
-   lane sums between spans. */
-INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale, const float *offset,
-                    int bits, int has_offset, int64_t N, const float *bias, float *y, int64_t n0, int64_t n1,
-                    float *carry) {
-    const int64_t blocks = K / BLOCK, q_block = bits == 4 ? BLOCK / 2 : BLOCK, per_column = 8 * M;
-    const int64_t spans = (blocks + SPAN_BLOCKS - 1) / SPAN_BLOCKS, span = (blocks + spans - 1) / spans;
+/* columns [n0, n1), COLUMNS_AT_ONCE at a time, the K axis in equal spans of whole blocks, at most
+   SPAN_VALUES, so that a span of x stays in the L1 cache while every column reads it; carry holds each
+   column's lane sums between spans. */
+INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                    const float *bias, float *y, int64_t n0, int64_t n1, float *carry) {
+    const int bv = block_values(format);
+    const int64_t blocks = K / bv, row_bytes = blocks * block_bytes(format), per_column = 8 * M;
+    const int64_t most = bv < SPAN_VALUES ? SPAN_VALUES / bv : 1, spans = (blocks + most - 1) / most;
+    const int64_t span = (blocks + spans - 1) / spans;
     for (int64_t first = 0; first < blocks; first += span) {
         const int64_t last = first + span < blocks ? first + span : blocks;
         for (int64_t n = n0; n < n1; n += COLUMNS_AT_ONCE)
-            rows_dot(x, M, K, q + n * blocks * q_block, q_block, scale + n * blocks,
-                     has_offset ? offset + n * blocks : NULL, bits, has_offset, first, last,
-                     carry + (n - n0) * per_column, N, n,
-                     (int)(n1 - n < COLUMNS_AT_ONCE ? n1 - n : COLUMNS_AT_ONCE), per_column, bias, y);
+            rows_dot(x, M, K, q + n * row_bytes, row_bytes, format, first, last, carry + (n - n0) * per_column, N,
+                     n, (int)(n1 - n < COLUMNS_AT_ONCE ? n1 - n : COLUMNS_AT_ONCE), per_column, bias, y);
     }
 }
 
-static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                         const float *offset, int bits, int64_t N, const float *bias, float *y, int64_t n0,
-                         int64_t n1, float *carry) {
-    if (bits == 4 && offset) columns(x, M, K, q, scale, offset, 4, 1, N, bias, y, n0, n1, carry);
-    else if (bits == 4) columns(x, M, K, q, scale, offset, 4, 0, N, bias, y, n0, n1, carry);
-    else columns(x, M, K, q, scale, offset, 8, 0, N, bias, y, n0, n1, carry);
+static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                         const float *bias, float *y, int64_t n0, int64_t n1, float *carry) {
+#define COLUMNS(F) columns(x, M, K, q, F, N, bias, y, n0, n1, carry)
+    EACH_FORMAT(format, COLUMNS)
+#undef COLUMNS
 }
 
-#else  /* portable C: the same arithmetic, one lane at a time */
+/* rows [n0, n1) of the weight to float32, a vector's rows at a time (an odd last one twice, to itself) */
+INLINE void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int64_t n1, float *out) {
+    const int64_t blocks = K / block_values(format), row_bytes = blocks * block_bytes(format);
+    for (int64_t n = n0; n < n1; n += COLUMNS_A_VECTOR) {
+        const int pair = COLUMNS_A_VECTOR == 2 && n + 1 < n1;
+        const uint8_t *col[2] = {q + n * row_bytes, q + (n + pair) * row_bytes};
+        expand_blocks(format, col, 1, 0, blocks, out + n * K, 8, pair ? K : 0);
+    }
+}
 
-static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                         const float *offset, int bits, int64_t N, const float *bias, float *y, int64_t n0,
-                         int64_t n1, float *carry) {
-    const int64_t blocks = K / BLOCK, q_block = bits == 4 ? BLOCK / 2 : BLOCK;
-    (void)carry;
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t i = 0; i < M; i++) {
-            const float *xr = x + i * K;
-            float lanes[8] = {0};
-            for (int64_t b = 0; b < blocks; b++) {
-                const uint8_t *qb = q + (n * blocks + b) * q_block;
-                for (int j = 0; j < BLOCK; j++) {
-                    float qv = bits == 4 ? (float)((j < 16 ? qb[j] : qb[j - 16] >> 4) & 0x0F) : (float)(int8_t)qb[j];
-                    float w = scale[n * blocks + b] * qv;
-                    if (offset) w = w + offset[n * blocks + b];
-                    lanes[j % 8] += w * xr[b * BLOCK + j];
+#else  /* plain C: the same arithmetic, one lane at a time */
+
+static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                         const float *bias, float *y, int64_t n0, int64_t n1, float *lanes) {
+    const int bv = block_values(format);
+    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t l = 0; l < 8 * M; l++) lanes[l] = 0.0f;
+        for (int64_t b = 0; b < K / bv; b++)
+            for (int s = 0; s < bv / 32; s++) {
+                float w[32];
+                sub_block_values(format, q + n * row_bytes + b * bb, s, w);
+                for (int64_t i = 0; i < M; i++) {
+                    const float *xs = x + i * K + b * bv + 32 * s;
+                    for (int l = 0; l < 32; l++) lanes[8 * i + l % 8] = fmaf(w[l], xs[l], lanes[8 * i + l % 8]);
                 }
             }
-            float sum = 0.0f;
-            for (int l = 0; l < 8; l++) sum += lanes[l];
+        for (int64_t i = 0; i < M; i++) {
+            const float *r = lanes + 8 * i;
+            const float sum = ((r[0] + r[4]) + (r[2] + r[6])) + ((r[1] + r[5]) + (r[3] + r[7]));
             y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
         }
+    }
+}
+
+static void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int64_t n1, float *out) {
+    const int bv = block_values(format);
+    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t b = 0; b < K / bv; b++)
+            for (int s = 0; s < bv / 32; s++)
+                sub_block_values(format, q + n * row_bytes + b * bb, s, out + n * K + b * bv + 32 * s);
 }
 
 #endif
 
-/* x: [M, K] float32; q: [N, K / 32 * q_block] bytes; scale, offset: [N, K / 32] float32
- * (offset may be NULL); bias: [N] or NULL; y: [M, N] float32. K is a multiple of 32. Rows go
- * MAX_ROWS at a time, columns to the threads in groups; a group's lane sums wait in carry
- * between spans. */
-void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                        const float *offset, int bits, int64_t N, const float *bias, float *y, int threads) {
+/* x: [M, K] float32; q: [N, K / block values * block bytes] the weight's blocks in `format` (a GGML type
+ * code of quant_blocks.h); bias: [N] or NULL; y: [M, N] float32. K is a multiple of the format's block.
+ * Rows go MAX_ROWS at a time, columns to the threads in groups; a group's lane sums wait in carry between
+ * spans. */
+void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                        const float *bias, float *y, int threads) {
     int64_t group = N / (4 * (int64_t)threads);
     group = group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
     for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
@@ -243,8 +260,19 @@ void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, 
         #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t n0 = 0; n0 < N; n0 += group) {
             float carry[GROUP_COLUMNS * MAX_ROWS * 8];
-            column_range(x + r0 * K, rows, K, q, scale, offset, bits, N, bias, y + r0 * N, n0,
-                         n0 + group < N ? n0 + group : N, carry);
+            column_range(x + r0 * K, rows, K, q, format, N, bias, y + r0 * N, n0, n0 + group < N ? n0 + group : N,
+                         carry);
         }
+    }
+}
+
+/* out: [N, K] float32, the values of q's N rows (as swarm_quant_matmul's q), the threads taking
+ * ROWS_A_TASK rows at a time */
+void swarm_quant_dequantize(const uint8_t *q, int format, int64_t N, int64_t K, float *out, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n0 = 0; n0 < N; n0 += ROWS_A_TASK) {
+#define EXPAND(F) expand_rows(q, F, K, n0, n0 + ROWS_A_TASK < N ? n0 + ROWS_A_TASK : N, out)
+        EACH_FORMAT(format, EXPAND)
+#undef EXPAND
     }
 }

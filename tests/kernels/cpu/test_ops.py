@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from kernels.cpu import fused_ops, native_attention, ops, quant_matmul
 from kernels.errors import KernelError
 from kernels.reference import cascade_attention
+from kernels.reference.quant_blocks import QuantizedTensor
 
 pytestmark = pytest.mark.skipif(not (native_attention.available() and quant_matmul.available()
                                      and fused_ops.rms_norm(torch.ones(1, 8), torch.ones(8), 1e-5) is not None),
@@ -21,9 +22,9 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def quantized(rows=96, cols=320, qtype=Q.Q4_1):
-    raw = gguf.quants.quantize(np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32), qtype)
-    return quant_matmul.from_gguf_blocks(raw, qtype)
+def quantized(rows=96, cols=320, format="Q4_1"):
+    values = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    return QuantizedTensor(torch.from_numpy(gguf.quants.quantize(values, Q[format])), format, cols)
 
 
 def paged_args():
@@ -38,7 +39,8 @@ def op_args(name):
     return {
         "rms_norm": lambda: (randn(5, 64), randn(64, seed=1), 1e-5),
         "rotary": lambda: (randn(7, 3, 64), randn(7, 64, seed=1), randn(7, 64, seed=2)),
-        "quant_matmul": lambda: (randn(4, 320), weight.codes, weight.scale, weight.offset, weight.bits, randn(96)),
+        "quant_matmul": lambda: (randn(4, 320), weight.blocks, weight.format, weight.cols, randn(96)),
+        "quant_dequantize": lambda: (weight.blocks[3:10], weight.format, weight.cols, torch.empty(7, 320)),
         "paged_decode": lambda: (*paged_args(), 0.25),
         "prefix_attention": lambda: (randn(3, 6, 16), randn(40, 2, 16, seed=1), randn(40, 2, 16, seed=2), 0.25),
         "rows_attention": lambda: (randn(5, 6, 16), randn(9, 2, 16, seed=1), randn(9, 2, 16, seed=2), 0.25, True),
@@ -49,6 +51,7 @@ def op_args(name):
 
 NAMES = ["rms_norm", "rotary", "quant_matmul", "paged_decode", "prefix_attention", "rows_attention",
          "merge_attention"]
+WRITING = ["quant_dequantize"]   # ops that write into their last argument, returning nothing
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -73,7 +76,19 @@ def test_the_engines_decode_attention_shows_in_the_profiler():
     assert {"swarm::paged_decode", "swarm::prefix_attention", "swarm::merge_attention"} <= names
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WRITING)
+def test_the_profiler_lists_each_writing_kernel_as_its_op_with_the_bits_of_the_direct_call(name):
+    args = op_args(name)
+    getattr(ops, name)(*args)
+    direct = args[-1].clone()
+    args[-1].zero_()
+    with torch.profiler.profile() as profiler:
+        getattr(ops, name)(*args)
+    assert f"swarm::{name}" in {event.name for event in profiler.events()}
+    assert torch.equal(args[-1], direct)
+
+
+@pytest.mark.parametrize("name", NAMES + WRITING)
 def test_each_fake_gives_the_real_outputs_shapes_and_dtypes(name):
     op = getattr(torch.ops.swarm, name).default
     torch.library.opcheck(op, op_args(name), test_utils=("test_schema", "test_faketensor",
@@ -109,9 +124,9 @@ def with_arg(name, index, value):
     return args
 
 
-def quant_matmul_of(x, codes, scale, offset, bits, bias):
+def quant_matmul_of(x, blocks, format, cols, bias):
     """quant_matmul.quant_matmul with the op's arguments."""
-    return quant_matmul.quant_matmul(x, quant_matmul.QuantizedWeight(bits, codes, scale, offset), bias)
+    return quant_matmul.quant_matmul(x, QuantizedTensor(blocks, format, cols), bias)
 
 
 PAGED, PREFIX = native_attention.paged_decode_with_lse, native_attention.prefix_attention
@@ -119,8 +134,8 @@ PAGED, PREFIX = native_attention.paged_decode_with_lse, native_attention.prefix_
 WRAPPER_MISTAKES = [
     (fused_ops.rms_norm, "rms_norm", 1, lambda t: t[:32], r"weight must have shape \[64\], got \[32\]"),
     (fused_ops.rotary, "rotary", 1, lambda t: t[:5], r"cos must have shape \[7, 64\]"),
-    (quant_matmul_of, "quant_matmul", 2, lambda t: t.half(), r"scale must be torch.float32, got torch.float16"),
-    (quant_matmul_of, "quant_matmul", 1, lambda t: t[:50], r"codes must have shape \[96, 160\]"),
+    (quant_matmul_of, "quant_matmul", 0, lambda t: t[:, :64], r"x has 64 columns, the weight 320"),
+    (quant_matmul_of, "quant_matmul", 4, lambda t: t[:50], r"bias must have shape \[96\]"),
     (PAGED, "paged_decode", 3, lambda t: t[:2], r"block_tables must have a row for each of q's 3 rows, got 2"),
     (PAGED, "paged_decode", 4, lambda t: t[:1], r"lengths must have shape \[3\]"),
     (PAGED, "paged_decode", 2, lambda t: t[:4], r"v_cache must have shape \[10, 4, 2, 16\]"),
@@ -143,7 +158,12 @@ OP_MISTAKES = [
     ("paged_decode", 0, lambda t: t.transpose(0, 1).contiguous().transpose(0, 1), r"q must be contiguous"),
     ("paged_decode", 1, lambda t: t[:, :, 0], r"k_cache must have 4 dimensions, got \[10, 4, 16\]"),
     ("quant_matmul", 0, lambda t: t.double(), r"x must be torch.float32, got torch.float64"),
-    ("quant_matmul", 4, 5, r"bits must be 4 or 8, got 5"),
+    ("quant_matmul", 2, "Q2_K", r"format must be one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, got 'Q2_K'"),
+    ("quant_matmul", 3, 100, r"cols must be a positive multiple of 32 for Q4_1, got 100"),
+    ("quant_matmul", 1, lambda t: t[:, :100].contiguous(), r"blocks must have shape \[96, 200\], got \[96, 100\]"),
+    ("quant_matmul", 1, lambda t: t.view(torch.int8), r"blocks must be torch.uint8, got torch.int8"),
+    ("quant_dequantize", 3, lambda t: t[:, :64], r"out must have shape \[7, 320\], got \[7, 64\]"),
+    ("quant_dequantize", 1, "Q4_K", r"cols must be a positive multiple of 256 for Q4_K, got 320"),
     ("rms_norm", 0, lambda t: t.t(), r"x must be contiguous"),
     ("rotary", 1, lambda t: t.half(), r"cos must be torch.float32"),
     ("prefix_attention", 1, lambda t: t[:0], r"v must have shape \[0, 2, 16\], got \[40, 2, 16\]"),

@@ -1,5 +1,7 @@
-"""The quantized decode kernel against the gguf package: its own quantizer makes the blocks, its own
-dequantizer gives the float32 weights the products are checked against (in float64)."""
+"""The quantized kernel against the gguf package. The blocks are a file's bytes: gguf's own quantizer makes them
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), or random bytes with sane fp16 scales do for the K-quants it cannot make; gguf's
+dequantizer gives the float32 weights the products are checked against (in float64) and the expansion bit for bit."""
+import functools
 import os
 import subprocess
 import sys
@@ -12,43 +14,92 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from kernels.cpu import native, quant_matmul
-from kernels.cpu.quant_matmul import dequantize, from_gguf_blocks
+from kernels.errors import KernelError
+from kernels.reference.quant_blocks import QuantizedTensor, block_layout
 from tests.helpers import portable_kernels as portable
+from tests.helpers.tiny_gguf import K_SCALE_OFFSETS, random_k_blocks
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
+FORMATS = quant_matmul.FORMATS
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# (format, K): K-quants hold 256-value blocks; 1600 and 1536 take the kernel's K axis in spans
+DEPTHS = [(f, k) for f in FORMATS for k in ((256, 1536) if f in K_QUANTS else (96, 320, 1600))]
+ROW_COUNTS = [1, 5, 8, 13, 64, 70]
 ROOT = Path(__file__).parents[3]
 
 
-def gguf_weight(qtype, rows=96, cols=320, seed=0):
-    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    raw = gguf.quants.quantize(values, qtype)
-    return from_gguf_blocks(raw, qtype), torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+@functools.cache
+def weight_of(format: str, rows: int = 37, cols: int = 320, seed: int = 0) -> tuple[QuantizedTensor, torch.Tensor]:
+    """A weight's blocks and gguf's float32 values of them."""
+    rng = np.random.default_rng(seed)
+    if format in K_QUANTS:
+        raw = random_k_blocks(rows, cols, Q[format], rng)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), Q[format])
+    values = torch.from_numpy(gguf.quants.dequantize(raw, Q[format]))
+    return QuantizedTensor(torch.from_numpy(raw), format, cols), values
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_blocks_dequantize_to_exactly_the_gguf_values(qtype):
-    weight, reference = gguf_weight(qtype)
-    assert weight.shape == tuple(reference.shape)
-    assert torch.equal(dequantize(weight), reference)
+def fp16_fields(format: str) -> tuple[int, ...]:
+    """Byte offsets of a block's fp16 scale and offset (ggml-common.h)."""
+    return tuple(K_SCALE_OFFSETS[Q[format]]) if format in K_QUANTS else (0, 2) if format in ("Q4_1", "Q5_1") else (0,)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("rows", [1, 5, 8, 13, 64, 70])
-@pytest.mark.parametrize("cols", [320, 1600], ids=["one-span", "three-spans"])   # the kernel reads K in spans
-def test_product_equals_the_dequantized_matmul(qtype, rows, cols):
-    weight, reference = gguf_weight(qtype, cols=cols)
-    x = torch.randn(rows, reference.shape[1])
-    bias = torch.randn(reference.shape[0])
-    expected = x.double() @ reference.double().T + bias.double()
-    torch.testing.assert_close(quant_matmul.quant_matmul(x, weight, bias).double(), expected, rtol=1e-5, atol=1e-4)
+def any_blocks(format: str, rows: int, cols: int, seed: int) -> QuantizedTensor:
+    """Random bytes, each fp16 field zero, subnormal, negative, tiny or large (no inf or nan)."""
+    rng = np.random.default_rng(seed)
+    values, nbytes = block_layout(format)
+    blocks = rng.integers(0, 256, size=(rows * cols // values, nbytes), dtype=np.uint8)
+    specials = np.array([0.0, -0.0, 3e-8, -2e-6, 1e-3, -0.5, 7.0, 65504.0, -65504.0], np.float16)
+    for offset in fp16_fields(format):
+        blocks[:, offset:offset + 2] = rng.choice(specials, len(blocks)).view(np.uint8).reshape(-1, 2)
+    return QuantizedTensor(torch.from_numpy(blocks.reshape(rows, -1)), format, cols)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("cols", [320, 1600], ids=["one-span", "three-spans"])
-def test_a_rows_result_does_not_depend_on_its_batch(qtype, cols):
-    weight, reference = gguf_weight(qtype, cols=cols)
-    x = torch.randn(29, reference.shape[1])
+def gguf_values(weight: QuantizedTensor) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(weight.blocks.numpy(), Q[weight.format]))
+
+
+def assert_within_float32_rounding(y: torch.Tensor, x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor):
+    """y against float64 x @ values.T + bias, within the bound of its float32 sums: each of 8 lanes a chain
+    of K / 8 fused multiply-adds, 3 levels of adding lanes, then the bias."""
+    exact = x.double() @ values.double().T + bias.double()
+    magnitude = x.double().abs() @ values.double().abs().T + bias.double().abs()
+    bound = (x.shape[1] / 8 + 4) * 2.0 ** -24 * 1.01 * magnitude
+    worst = ((y.double() - exact).abs() - bound).max().item()
+    assert worst <= 0, f"{len(x)} rows: off by {worst:.3g} more than float32 sums can be"
+
+
+@pytest.mark.parametrize("format,cols", DEPTHS, ids=[f"{f}-{k}" for f, k in DEPTHS])
+def test_product_equals_the_gguf_weights_matmul(format, cols):
+    weight, values = weight_of(format, cols=cols)
+    bias = torch.randn(37, generator=torch.Generator().manual_seed(1))
+    for rows in ROW_COUNTS:
+        x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+        assert_within_float32_rounding(quant_matmul.quant_matmul(x, weight, bias), x, values, bias)
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_the_kernel_multiplies_by_exactly_the_gguf_values(format):
+    """Rows of the identity pick single weights: every product is exact, every other term zero."""
+    weight, values = weight_of(format, cols=256 if format in K_QUANTS else 320)
+    picked = quant_matmul.quant_matmul(torch.eye(weight.cols), weight)
+    assert torch.equal(picked, values.T)
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_dequantize_gives_the_gguf_values_bit_for_bit(format):
+    cols = 512 if format in K_QUANTS else 96
+    weight = any_blocks(format, rows=45, cols=cols, seed=2)
+    out = torch.full((36, cols), float("nan"))
+    assert quant_matmul.dequantize(weight, (5, 41), out) is out
+    assert torch.equal(out.view(torch.int32), gguf_values(weight)[5:41].view(torch.int32))
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_a_rows_result_does_not_depend_on_its_batch(format):
+    weight, _ = weight_of(format, cols=1536 if format in K_QUANTS else 1600)
+    x = torch.randn(29, weight.cols, generator=torch.Generator().manual_seed(3))
     together = quant_matmul.quant_matmul(x, weight)
     alone = torch.cat([quant_matmul.quant_matmul(x[i:i + 1], weight) for i in range(len(x))])
     assert torch.equal(together, alone)
@@ -60,32 +111,36 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype, cols):
         torch.set_num_threads(threads)
 
 
-def test_the_portable_build_equals_the_dequantized_matmul(tmp_path):
-    library = portable.portable_library("quant_matmul", tmp_path)
-    for qtype in TYPES:
-        weight, reference = gguf_weight(qtype, cols=1600)
-        x, bias = torch.randn(13, 1600), torch.randn(reference.shape[0])
-        out = quant_matmul.quant_matmul(x, weight, bias, library)
-        expected = x.double() @ reference.double().T + bias.double()
-        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+BUILDS = {"portable": portable.portable_library, "avx2": portable.avx2_library}
 
 
-def test_the_avx2_build_gives_the_native_builds_bits(tmp_path):
-    """Where the native build is AVX-512, it takes two columns at once, each the AVX2 code's steps
-    lane for lane; an odd column count leaves one alone."""
-    library = portable.avx2_library("quant_matmul", tmp_path)
-    for qtype in TYPES:
-        for columns, depth, rows in [(96, 1600, 13), (37, 320, 8), (1, 64, 3), (200, 576, 70)]:
-            weight, _ = gguf_weight(qtype, rows=columns, cols=depth, seed=columns)
-            x, bias = torch.randn(rows, depth), torch.randn(columns)
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_the_narrower_builds_give_the_native_builds_bits(build):
+    """Where the native build is AVX-512, it takes two columns a vector, each the AVX2 code's steps lane for
+    lane; an odd column count leaves one alone. The plain C code takes the same steps one lane at a time."""
+    library = BUILDS[build]("quant_matmul")
+    for format in FORMATS:
+        for columns, rows in [(37, 13), (1, 3), (20, 70)]:
+            weight, _ = weight_of(format, rows=columns, cols=1536 if format in K_QUANTS else 1600, seed=columns)
+            x, bias = torch.randn(rows, weight.cols), torch.randn(columns)
             assert torch.equal(quant_matmul.quant_matmul(x, weight, bias, library),
-                               quant_matmul.quant_matmul(x, weight, bias)), (qtype, columns)
+                               quant_matmul.quant_matmul(x, weight, bias)), (format, columns, rows)
+        weight = any_blocks(format, rows=7, cols=256, seed=4)
+        out = quant_matmul.dequantize(weight, (0, 7), torch.empty(7, 256), library)
+        assert torch.equal(out.view(torch.int32), gguf_values(weight).view(torch.int32)), format
 
 
-def test_reordered_rows_follow_the_weight():
-    weight, reference = gguf_weight(Q.Q4_1)
-    order = torch.randperm(reference.shape[0])
-    assert torch.equal(dequantize(weight.rows(order)), reference[order])
+def test_a_mismatched_width_is_refused():
+    weight, _ = weight_of("Q8_0")
+    with pytest.raises(KernelError, match="x has 64 columns, the weight 320"):
+        quant_matmul.quant_matmul(torch.zeros(2, 64), weight)
+    with pytest.raises(KernelError, match=r"out must have shape \[4, 320\]"):
+        quant_matmul.dequantize(weight, (0, 4), torch.empty(4, 64))
+
+
+def test_the_kernel_reads_the_formats_a_q4_k_m_file_holds():
+    assert all(quant_matmul.supports(format) for format in ("Q4_K", "Q6_K", "Q5_0", "Q8_0"))
+    assert not any(quant_matmul.supports(format) for format in ("F16", "BF16", "Q2_K", "IQ4_XS"))
 
 
 def test_only_few_float32_cpu_rows_take_the_kernel():
@@ -95,17 +150,7 @@ def test_only_few_float32_cpu_rows_take_the_kernel():
     assert not quant_matmul.usable(torch.zeros(2, 8, 32))
 
 
-def test_other_block_types_are_left_to_pytorch():
-    raw = gguf.quants.quantize(np.ones((4, 64), np.float32), Q.Q5_0)
-    assert from_gguf_blocks(raw, Q.Q5_0) is None
-
-
-def test_mismatched_width_is_refused():
-    weight, _ = gguf_weight(Q.Q8_0)
-    with pytest.raises(ValueError, match="columns"):
-        quant_matmul.quant_matmul(torch.zeros(2, 64), weight)
-
-
+# native.py's cache, on its smallest kernel (this one takes some seconds to compile)
 @pytest.fixture
 def fresh_build(tmp_path, monkeypatch):
     monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
@@ -115,12 +160,12 @@ def fresh_build(tmp_path, monkeypatch):
 
 
 def test_the_library_is_built_once_into_the_cache(fresh_build):
-    assert native.load("quant_matmul") is not None
+    assert native.load("fused_ops") is not None
     built = list((fresh_build / "kernels").iterdir())
     assert [p.suffix for p in built] == [".so"]
     stamp = built[0].stat().st_mtime_ns
     native.load.cache_clear()
-    assert native.load("quant_matmul") is not None
+    assert native.load("fused_ops") is not None
     assert built[0].stat().st_mtime_ns == stamp and list((fresh_build / "kernels").iterdir()) == built
 
 
@@ -128,13 +173,13 @@ def test_without_a_compiler_it_warns_and_stays_off(fresh_build, monkeypatch):
     monkeypatch.setenv("PATH", str(fresh_build))
     monkeypatch.delenv("CC", raising=False)
     with pytest.warns(UserWarning, match="no C compiler found"):
-        assert native.load("quant_matmul") is None
+        assert native.load("fused_ops") is None
 
 
 def test_a_failing_compiler_warns_and_leaves_nothing_behind(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", "false")
-    with pytest.warns(UserWarning, match="could not build the quant_matmul kernel"):
-        assert native.load("quant_matmul") is None
+    with pytest.warns(UserWarning, match="could not build the fused_ops kernel"):
+        assert native.load("fused_ops") is None
     assert list((fresh_build / "kernels").iterdir()) == []
 
 
@@ -143,16 +188,16 @@ def test_an_unwritable_cache_warns_and_stays_off(fresh_build, monkeypatch):
     blocker.write_text("not a folder")
     monkeypatch.setenv("SWARM_CACHE_DIR", str(blocker))
     with pytest.warns(UserWarning, match="cannot write to .*set SWARM_CACHE_DIR"):
-        assert native.load("quant_matmul") is None
+        assert native.load("fused_ops") is None
 
 
 def test_a_broken_cached_library_is_rebuilt(fresh_build):
-    assert native.load("quant_matmul") is not None
+    assert native.load("fused_ops") is not None
     [built] = (fresh_build / "kernels").iterdir()
     built.unlink()   # a new file: truncating the one this process has mapped would crash it (SIGBUS)
     built.write_bytes(b"cut short")
     # a new process: this one keeps the library it loaded under that name
-    code = "from kernels.cpu import native; print(native.load('quant_matmul') is not None)"
+    code = "from kernels.cpu import native; print(native.load('fused_ops') is not None)"
     done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
                           env={**os.environ, "SWARM_CACHE_DIR": str(fresh_build)}, cwd=ROOT)
     assert done.stdout.strip() == "True", done.stderr
