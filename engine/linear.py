@@ -1,12 +1,11 @@
-"""The model's linear layers, one module class per kind of weight.
+"""The model's float linear layers, and how loading swaps one kind of layer for another.
 
 The model is built with `Linear` everywhere; loading (engine.loading.build) then swaps in the other
 kinds where the device and the file allow, the way gpt-fast's quantize.py does:
 
     Linear            the float weight; F.linear (a few CPU rows: weight @ x.T, a BLAS choice)
     PackedLinear      the float32 CPU weight in oneDNN's blocked layout, multiplied by oneDNN
-    QuantizedLinear   a few rows straight from the file's quantized blocks (kernels.cpu.quant_matmul);
-                      more rows through the Linear or PackedLinear it stands in for
+    QuantizedLinear   the weight kept in its file's block format (engine.quantized_layers)
 """
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import onednn_linear, quant_matmul
-from kernels.cpu.quant_matmul import QuantizedWeight
+from kernels.cpu import onednn_linear
 
 FEW_ROWS = 64
 
@@ -47,24 +45,6 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return onednn_linear.linear(x, self.weight, self.bias)
-
-
-class QuantizedLinear(nn.Module):
-    """Steps of a few float32 CPU rows (decode) multiply the file's quantized blocks; every other
-    call goes to `dense`, the Linear or PackedLinear it stands in for, which keeps the float weight
-    (prefill is compute-bound, and BLAS is faster there)."""
-
-    def __init__(self, quantized: QuantizedWeight, dense: Linear | PackedLinear):
-        super().__init__()
-        assert quantized.shape == (dense.out_features, dense.in_features), "the blocks are another weight's"
-        self.in_features, self.out_features = dense.in_features, dense.out_features
-        self.quantized = quantized
-        self.dense = dense
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if quant_matmul.usable(x):
-            return quant_matmul.quant_matmul(x, self.quantized, self.dense.bias)
-        return self.dense(x)
 
 
 DENSE = (Linear, PackedLinear)

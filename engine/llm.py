@@ -10,6 +10,7 @@ from engine.loading.tokenizer import Tokenizer
 from engine.options import EngineOptions
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
+from engine.weight_memory import WeightMemory
 
 
 @dataclass(slots=True)
@@ -53,6 +54,10 @@ class LLM:
 
     def kv_stats(self) -> KVStats:
         return self.engine.kv_stats()
+
+    def weight_memory(self) -> WeightMemory:
+        """The bytes the weights hold, by storage format (the engine's own count)."""
+        return self.engine.weights
 
     @property
     def tokens_computed(self) -> int:

@@ -42,7 +42,7 @@ class LLMEngine:
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
-        self.weight_bytes, self.quantized_bytes = loaded.weight_bytes, loaded.quantized_bytes
+        self.weights = loaded.weights
         self.onednn_weights = loaded.packed
         num_blocks = self._num_blocks(options)
         kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
@@ -145,13 +145,17 @@ class LLMEngine:
         """KV bytes one token takes, measured on the pool's own tensors."""
         return self.runner.kv.bytes_per_token
 
+    @property
+    def weight_bytes(self) -> int:
+        return self.weights.total_bytes
+
     def use_cascade(self, on: bool) -> None:
         """Cascade attention on or off for the next steps (the decode bench compares the two)."""
         self.runner.use_cascade(on)
 
     def kernels(self) -> dict[str, object]:
-        """Which kernels run: the attention set, the quantized decode bytes and the matmul library."""
-        return {"attention": self.runner.attention.name, "quantized_decode_bytes": self.quantized_bytes,
+        """Which kernels run: the attention set, the weights' bytes by format and the float matmuls' library."""
+        return {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
                 "matmuls": "onednn" if self.onednn_weights else "torch"}
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+QUANTIZE_SCHEMES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")   # a checkpoint quantized at load by gguf
+WEIGHT_SCHEMES = ("auto", "float", *QUANTIZE_SCHEMES)        # engine.loading.weight_plan says what each does
+
 
 @dataclass(slots=True)
 class EngineOptions:
@@ -15,5 +18,5 @@ class EngineOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     cascade_attention: bool = True
-    quantized_decode: bool = True   # CPU float32: decode from the GGUF's Q4_0/Q4_1/Q8_0 blocks
+    weights: str = "auto"           # engine.loading.weight_plan: keep a GGUF's formats, float, or q8_0 & co
     onednn_weights: bool = True     # CPU float32: weights in oneDNN's layout, multiplied by oneDNN

@@ -1,20 +1,34 @@
-"""Building the model a source describes, in one place: weights -> CausalLM -> the file's quantized
-copies -> packed layouts. Which kind each linear layer is (engine.linear) is decided here, at load."""
+"""Building the model a source describes, in one place: the tensors stream in one at a time, each
+becoming a parameter of the engine's dtype or staying in its block format (engine.loading.weight_plan),
+then the layers whose weight stayed in blocks become quantized layers (engine.quantized_layers) and
+float weights on a CPU go into oneDNN's layout.
+
+The host holds one tensor in flight, so a load's peak is what the model keeps plus one tensor
+dequantized (a GGUF file's pages count while they are read: the file is memory-mapped).
+"""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.linear import Linear, PackedLinear, QuantizedLinear, swap_linears
+from engine.linear import Linear, PackedLinear, swap_linears
 from engine.loading.config import ModelConfig
-from engine.loading.loader import load_quantized_weights, load_weights
+from engine.loading.loader import iter_weights
 from engine.loading.model_source import ModelSource
+from engine.loading.weight_plan import FORMAT_OF_DTYPE, WeightPlan, check_weight_scheme
 from engine.model import CausalLM, RotaryEmbedding
 from engine.options import EngineOptions
-from kernels.cpu import onednn_linear, quant_matmul
-from kernels.cpu.quant_matmul import QuantizedWeight
+from engine.quantized_layers import QuantizedEmbedding, QuantizedLinear
+from engine.weight_memory import WeightMemory
+from kernels.cpu import onednn_linear
+from kernels.reference.quant_blocks import QuantizedTensor
+from kernels.reference.quant_matmul import DequantScratch
+
+EMBEDDING = "model.embed_tokens.weight"
 
 
 @dataclass(slots=True)
@@ -22,80 +36,87 @@ class LoadedModel:
     """The built model and what its weights take."""
 
     net: CausalLM
-    weight_bytes: int      # everything the weights hold: the float tensors and the quantized copies
-    quantized_bytes: int   # the file's quantized blocks, kept beside the float32 weights for decode
+    weights: WeightMemory
     packed: int            # weights in oneDNN's layout (0: torch multiplies them all)
 
 
 def load_model(source: ModelSource, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                options: EngineOptions) -> LoadedModel:
-    """The model `config` describes, with the weights of `source`. On a CPU in float32, each linear
-    layer whose weight the file stores in blocks the decode kernel reads becomes a QuantizedLinear
-    (options.quantized_decode), and float weights go into oneDNN's layout (options.onednn_weights)."""
-    net = _build_net(config, load_weights(source), device, dtype)
-    float_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
-    cpu_float32 = device.type == "cpu" and dtype == torch.float32
-    quantized_bytes = 0
-    if options.quantized_decode and cpu_float32:
-        quantized_bytes = _attach_quantized(net, load_quantized_weights(source))
-    packed = 0
-    if options.onednn_weights and cpu_float32:
-        packed = _pack_weights(net, options.max_num_batched_tokens)
-    return LoadedModel(net, float_bytes + quantized_bytes, quantized_bytes, packed)
-
-
-def _build_net(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                dtype: torch.dtype) -> CausalLM:
-    """The CausalLM with every parameter taken from `weights` (Hugging Face names), every layer a Linear."""
+    """The model `config` describes, with the weights of `source` kept as options.weights says."""
+    plan = WeightPlan(check_weight_scheme(options.weights, source.kind), dtype)
     with torch.device("meta"):
-        model = CausalLM(config)
-    expected = dict(model.state_dict())
-    if config.tie_word_embeddings:
+        net = CausalLM(config)
+    quantized = _read_weights(net, source, plan, device, dtype)
+    _swap_quantized(net, quantized, dtype)
+    net.model.rotary_emb = RotaryEmbedding(config).to(device)
+    _check_complete(net)
+    packed = 0
+    if options.onednn_weights and device.type == "cpu" and dtype == torch.float32:
+        packed = _pack_weights(net, options.max_num_batched_tokens)
+    note = plan.dequantized.note()
+    if note:
+        warnings.warn(note, stacklevel=2)
+    return LoadedModel(net.eval(), _weight_memory(net, source, plan, dtype), packed)
+
+
+def _read_weights(net: CausalLM, source: ModelSource, plan: WeightPlan, device: torch.device,
+                  dtype: torch.dtype) -> dict[str, QuantizedTensor]:
+    """Puts each float tensor of `source` into `net` as it is read; the matrices kept in blocks are
+    returned, under their names, on `device`."""
+    expected = {name: tuple(t.shape) for name, t in net.state_dict(keep_vars=True).items()}
+    if net.config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    missing = [name for name in expected if name not in weights]
-    if missing:
-        raise ModelLoadError(f"the checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing)")
-    state = {}
-    for name, tensor in weights.items():
+    quantized = {}
+    for name, value in iter_weights(source, plan.keep):
         if name not in expected:
             continue
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"the config implies {tuple(expected[name].shape)}")
-        state[name] = tensor.to(device=device, dtype=dtype)
-    model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = RotaryEmbedding(config).to(device)
-    return model.eval()
+        if tuple(value.shape) != expected[name]:
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(value.shape)}, the config implies {expected[name]}")
+        value = plan.quantize(value) if isinstance(value, torch.Tensor) else value
+        if isinstance(value, QuantizedTensor):
+            quantized[name] = value.to(device)
+        else:
+            _set_parameter(net, name, value.to(device=device, dtype=dtype))
+    return quantized
 
 
-def _attach_quantized(net: CausalLM, quantized: dict[str, QuantizedWeight]) -> int:
-    """Makes each linear layer whose weight the file stores in blocks the decode kernel reads a
-    QuantizedLinear; an lm_head tied to the embedding takes the embedding's blocks. Bytes the copies hold."""
-    if not quantized or not quant_matmul.available():
-        return 0
-    if net.config.tie_word_embeddings and "model.embed_tokens.weight" in quantized:
-        quantized = {**quantized, "lm_head.weight": quantized["model.embed_tokens.weight"]}
+def _set_parameter(net: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, attribute = name.rpartition(".")
+    setattr(net.get_submodule(module_name), attribute, nn.Parameter(value, requires_grad=False))
 
-    def quantize(name: str, layer: Linear | PackedLinear) -> QuantizedLinear | None:
+
+def _swap_quantized(net: CausalLM, quantized: dict[str, QuantizedTensor], dtype: torch.dtype) -> None:
+    """The layers whose weight stayed in blocks become quantized layers sharing one scratch; a tied
+    lm_head reads the embedding's blocks, or its float weight."""
+    scratch = DequantScratch()
+    if EMBEDDING in quantized:
+        net.model.embed_tokens = QuantizedEmbedding(quantized[EMBEDDING], dtype)
+    if net.config.tie_word_embeddings:
+        if EMBEDDING in quantized:
+            quantized = {**quantized, "lm_head.weight": quantized[EMBEDDING]}
+        else:
+            net.lm_head.weight = net.model.embed_tokens.weight
+
+    def make(name: str, layer: Linear | PackedLinear) -> QuantizedLinear | None:
         weight = quantized.get(f"{name}.weight")
-        if weight is None or weight.shape != (layer.out_features, layer.in_features):
-            return None
-        return QuantizedLinear(weight, layer)
+        return None if weight is None else QuantizedLinear(weight, layer.bias, scratch)
 
-    swap_linears(net, quantize)
-    held = {id(m.quantized.codes): m.quantized.nbytes for m in net.modules() if isinstance(m, QuantizedLinear)}
-    return sum(held.values())
+    swap_linears(net, make)
+
+
+def _check_complete(net: CausalLM) -> None:
+    missing = [name for name, t in net.state_dict(keep_vars=True).items() if t.is_meta]
+    if missing:
+        raise ModelLoadError(f"the checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing)")
 
 
 def _pack_weights(net: CausalLM, rows: int) -> int:
-    """Makes each Linear a PackedLinear laid out for steps of about `rows` rows, except an lm_head tied
-    to the embedding: it keeps the plain layout the embedding reads. The number of weights packed
-    (0 where this torch has no oneDNN)."""
+    """Makes each float Linear a PackedLinear laid out for steps of about `rows` rows, except an lm_head
+    tied to a float embedding: it keeps the plain layout the embedding reads. The number of weights
+    packed (0 where this torch has no oneDNN)."""
     if not onednn_linear.available():
         return 0
-    embedding = net.model.embed_tokens.weight
+    embedding = getattr(net.model.embed_tokens, "weight", None)
 
     def pack(name: str, layer: Linear | PackedLinear) -> PackedLinear | None:
         if not isinstance(layer, Linear) or layer.weight is embedding:
@@ -103,3 +124,29 @@ def _pack_weights(net: CausalLM, rows: int) -> int:
         return PackedLinear(layer, rows)
 
     return len(swap_linears(net, pack))
+
+
+def _weight_memory(net: CausalLM, source: ModelSource, plan: WeightPlan, dtype: torch.dtype) -> WeightMemory:
+    """Every tensor the weights hold, once each (a tied lm_head shares the embedding's), by format."""
+    held: dict[int, tuple[str, int]] = {}
+    for module in net.modules():
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            held[id(module.quantized.blocks)] = (module.quantized.format, module.quantized.nbytes)
+    for param in net.parameters():   # each once, shared ones too; packed (oneDNN) tensors have no storage
+        held[id(param)] = (FORMAT_OF_DTYPE[param.dtype], param.numel() * param.element_size())
+    by_format: dict[str, int] = {}
+    for format, nbytes in held.values():
+        by_format[format] = by_format.get(format, 0) + nbytes
+    by_format = dict(sorted(by_format.items(), key=lambda kv: -kv[1]))
+    return WeightMemory(sum(by_format.values()), by_format, _label(source, plan, dtype, by_format))
+
+
+def _label(source: ModelSource, plan: WeightPlan, dtype: torch.dtype, by_format: dict[str, int]) -> str:
+    """The file's stated type ("Q4_K_M"), else the format holding the most bytes; the scheme a
+    checkpoint was quantized with; or the dtype."""
+    if plan.scheme not in ("auto", "float"):
+        return plan.scheme.upper()
+    if source.kind == "gguf" and plan.scheme == "auto":
+        from engine.loading.gguf_file import gguf_file_type
+        return gguf_file_type(source.path) or next(iter(by_format))
+    return FORMAT_OF_DTYPE[dtype]

@@ -14,19 +14,20 @@ import math
 import mmap
 import re
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 from gguf.quants import dequantize
 
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.loading.config import MODEL_TYPES
 from engine.loading.gguf_tokenizer import end_token_ids, tokenizer_from_metadata
 from engine.loading.tokenizer import Tokenizer
-from kernels.cpu.quant_matmul import QuantizedWeight, from_gguf_blocks
+from kernels.reference.quant_blocks import QuantizedTensor
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -110,6 +111,12 @@ class GGUFHeader:
             values = values.copy()  # dequantize returns F32 as a view of the file
         return values.reshape(entry.shape)
 
+    def release(self, entry: TensorEntry) -> None:
+        """Drops the file's pages of a tensor already copied out from this process's resident memory
+        (they stay in the page cache), so a load does not hold the file and its copy at once."""
+        start = entry.start // mmap.PAGESIZE * mmap.PAGESIZE
+        self.blob.madvise(mmap.MADV_DONTNEED, start, entry.start + entry.nbytes - start)
+
     def raw_blocks(self, entry: TensorEntry) -> np.ndarray:
         """A tensor's bytes as stored, one row of blocks per row of the weight (a view of the file)."""
         block, block_bytes = GGML_QUANT_SIZES[entry.qtype]
@@ -149,31 +156,47 @@ def read_gguf_config(path: str | Path) -> dict:
 
 def read_gguf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every weight dequantized to float32, under its Hugging Face name and in its [out, in] shape."""
+    return dict(iter_gguf_weights(path))
+
+
+KeepBlocks = Callable[[str, str, tuple[int, ...]], bool]
+
+
+def iter_gguf_weights(path: str | Path, keep: KeepBlocks | None = None
+                      ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """Each weight under its Hugging Face name, one at a time in the file's order, so that a load
+    holds one tensor in flight: as the file's blocks (a QuantizedTensor owning a copy of them) where
+    `keep(hf_name, format, shape)` says so, else dequantized to float32. Every name is checked
+    before any tensor is read."""
     header = _model_header(path)
     weights_in_file = [name for name in header.tensors if name != ROPE_FACTORS]  # that one is rope_scaling
-    hf_names = {name: _hf_name(header, name) for name in weights_in_file}  # all checked before any work
-    weights = {}
+    hf_names = {name: _hf_name(header, name) for name in weights_in_file}
     for name, hf_name in hf_names.items():
-        values = torch.from_numpy(header.read(header.tensors[name]))
-        order = _rotary_row_order(header, name, values.shape[0])
-        weights[hf_name] = values if order is None else values[order]
-    return weights
-
-
-def read_gguf_quantized(path: str | Path) -> dict[str, QuantizedWeight]:
-    """The matrices stored in a block format the quantized decode kernel reads (Q4_0, Q4_1, Q8_0),
-    as stored, under their Hugging Face names; the rest are left out."""
-    header = _model_header(path)
-    quantized = {}
-    for name, entry in header.tensors.items():
-        if name == ROPE_FACTORS or len(entry.shape) != 2:
-            continue
-        weight = from_gguf_blocks(header.raw_blocks(entry), entry.qtype)
-        if weight is None:
-            continue
+        entry = header.tensors[name]
         order = _rotary_row_order(header, name, entry.shape[0])
-        quantized[_hf_name(header, name)] = weight if order is None else weight.rows(order)
-    return quantized
+        if len(entry.shape) == 2 and keep is not None and keep(hf_name, entry.qtype.name, entry.shape):
+            value = _blocks(header, entry, order)
+        else:
+            values = torch.from_numpy(header.read(entry))
+            value = values if order is None else values[order]
+        header.release(entry)
+        yield hf_name, value
+
+
+def _blocks(header: GGUFHeader, entry: TensorEntry, order: torch.Tensor | None) -> QuantizedTensor:
+    raw = header.raw_blocks(entry)
+    raw = np.array(raw) if order is None else raw[order.numpy()]   # either way a copy, once
+    return QuantizedTensor(torch.from_numpy(raw), entry.qtype.name, entry.shape[1])
+
+
+def gguf_file_type(path: str | Path) -> str | None:
+    """What the file says it is, as llama.cpp names it ("Q4_K_M", "Q8_0", "F16"); None if it does not say."""
+    value = read_gguf_header(path).metadata.get("general.file_type")
+    try:
+        name = LlamaFileType(value).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 def _model_header(path: str | Path) -> GGUFHeader:

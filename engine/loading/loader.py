@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelLoadError
 from engine.loading.config import ModelConfig
 from engine.loading.model_source import ModelSource, resolve_model
 from engine.loading.tokenizer import Tokenizer
-from kernels.cpu.quant_matmul import QuantizedWeight
+from kernels.reference.quant_blocks import QuantizedTensor
+
+if TYPE_CHECKING:
+    from engine.loading.gguf_file import KeepBlocks
 
 
 def load_model_config(ref: str | ModelSource) -> ModelConfig:
@@ -35,28 +39,30 @@ def load_tokenizer(ref: str | ModelSource) -> Tokenizer:
 
 
 def load_weights(ref: str | ModelSource) -> dict[str, torch.Tensor]:
-    """All parameters under Hugging Face names."""
+    """All parameters under Hugging Face names, as float tensors."""
+    return dict(iter_weights(ref))
+
+
+def iter_weights(ref: str | ModelSource, keep: "KeepBlocks | None" = None
+                 ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """Each parameter under its Hugging Face name, one at a time, so a load holds one in flight. A
+    GGUF file's matrices come as their blocks where `keep(name, format, shape)` says so."""
     source = _source(ref)
     if source.kind == "gguf":
-        from engine.loading.gguf_file import read_gguf_tensors
-        return read_gguf_tensors(source.path)
-    weights: dict[str, torch.Tensor] = {}
+        from engine.loading.gguf_file import iter_gguf_weights
+        yield from iter_gguf_weights(source.path, keep)
+        return
     for file in _safetensors_files(source.path):
-        try:
-            weights.update(load_file(str(file)))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ModelLoadError(f"{file}: corrupt safetensors file ({_first_line(err)})") from None
-    return weights
+        yield from _safetensors_tensors(file)
 
 
-def load_quantized_weights(ref: str | ModelSource) -> dict[str, QuantizedWeight]:
-    """The matrices a GGUF file stores in blocks the quantized decode kernel reads, under Hugging
-    Face names; none for a Hugging Face folder."""
-    source = _source(ref)
-    if source.kind != "gguf":
-        return {}
-    from engine.loading.gguf_file import read_gguf_quantized
-    return read_gguf_quantized(source.path)
+def _safetensors_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        with safe_open(str(file), framework="pt") as tensors:
+            for name in tensors.keys():
+                yield name, tensors.get_tensor(name)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelLoadError(f"{file}: corrupt safetensors file ({_first_line(err)})") from None
 
 
 def _source(ref: str | ModelSource) -> ModelSource:

@@ -111,10 +111,11 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
                   f"{o.hf_dtype}), suffix {o.suffix}, {o.new_tokens} new tokens per agent, greedy")
     kernels = report.kernels or {}
     if kernels:
-        quantized = kernels.get("quantized_decode_bytes") or 0
-        decode = f"from the file's quantized blocks ({quantized / 1e6:.1f} MB)" if quantized else "from float32 weights"
+        weights = kernels.get("weights") or {}
+        formats = ", ".join(f"{name} {nbytes / 1e6:.1f} MB" for name, nbytes in (weights.get("by_format") or {}).items())
         matmuls = "oneDNN" if kernels.get("matmuls") == "onednn" else "torch"
-        console.print(f"swarm kernels: {kernels.get('attention')} attention, {matmuls} matmuls, decode matmuls {decode}")
+        console.print(f"swarm kernels: {kernels.get('attention')} attention, {matmuls} float matmuls; "
+                      f"weights {weights.get('label', '?')}: {formats}")
         waiting = " ".join(f"{k}={v}" for k, v in (kernels.get("openmp_wait") or {}).items()) or "spinning (default)"
         console.print(f"CPU threads: {kernels.get('threads')}, idle OpenMP threads: {waiting}")
     console.print(_table(report))

@@ -1,6 +1,6 @@
 """The live dashboard (rich), the default view when the output is a terminal.
 
-    swarm run              swarm-20261130-063717 · smollm2-135m-instruct · cpu · float16 · weights 269.03 MB
+    swarm run              swarm-20261130-063717 · smollm2-135m-instruct · cpu · float16 · weights 96.51 MB · Q4_1
     KV pool (host memory)  41.29 MB used of 199.80 MB
     trunk                  1,328 tokens · 30.60 MB · shared by 4 of 4 agents · saved 94.00 MB against no
                            sharing (peak 94.00 MB) · prefix hit rate 78%
@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.agents.agent import Agent, AgentEvent, AgentState
-from swarm.cli.plain_view import describe_agents_cache, describe_server_cache, describe_server_kv
+from swarm.cli.plain_view import describe_agents_cache, describe_server_cache, describe_server_kv, describe_weights
 from swarm.run.facts import BackendFacts
 from swarm.run.memory import AgentMemory, RunMemory
 from swarm.run.summary import RunInfo
@@ -125,7 +125,7 @@ def header_rows(info: RunInfo, memory: RunMemory, agents: list[Agent]) -> list[t
         rows = [("swarm run", f"{info.name} · {info.model} · {facts.kind} server {info.base_url}")]
     else:
         rows = [("swarm run", f"{info.name} · {info.model} · {info.device} · {info.dtype} · "
-                              f"weights {format_bytes(info.weight_bytes)}")]
+                              f"{describe_weights(info)}")]
     if facts.server_metrics:
         rows += [("server KV", describe_server_kv(memory)), ("server cache", describe_server_cache(memory))]
     else:

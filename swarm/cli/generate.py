@@ -37,13 +37,15 @@ def generate(
     seed: int = typer.Option(None, help="Seed for reproducible sampling."),
     device: str = typer.Option("auto", help="auto, cpu or cuda (cuda also covers ROCm)."),
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
+    weights: str = typer.Option("auto", help="auto (a GGUF's own formats, a checkpoint's dtype), float, "
+                                             "or q8_0, q5_1, q5_0, q4_1, q4_0 (a checkpoint quantized at load)."),
 ) -> None:
     """Generate text for one prompt, streaming it as it is decoded."""
     from engine import EngineOptions, LLMEngine
     from swarm.server.chat_output import OutputText
 
     params = _params(max_tokens, temperature, top_p, top_k, seed)
-    engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype))
+    engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype, weights=weights))
     tokenizer = engine.tokenizer
     text = prompt
     if chat:

@@ -1,4 +1,5 @@
-"""`swarm inspect-prefix SPEC`: what the agents share, where they diverge, and what it saves."""
+"""`swarm inspect-prefix [SPEC]`: what the agents share, where they diverge, and what it saves; with
+`--weights` and `--card`, the KV budget a card leaves once the weights and the runtime are in."""
 from __future__ import annotations
 
 import json
@@ -10,12 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import ModelLoadError, SwarmError
-from swarm.spec.kv_budget import format_bytes, parse_kv_budget
+from swarm.spec.kv_budget import format_bytes, parse_card_size, parse_kv_budget
 from swarm.spec.model_catalog import shipped_model_configs
 from swarm.trunk.memory_table import REFERENCE_TRUNKS
 
 if TYPE_CHECKING:
-    from swarm.trunk.report import PrefixReport
+    from swarm.trunk.card_budget import CardBudget
+    from swarm.trunk.report import PrefixReport, SizedWeights
 
 STRICT_EXIT_CODE = 1
 
@@ -25,17 +27,28 @@ class OptionError(SwarmError):
 
 
 def inspect_prefix_cmd(
-    spec: Path = typer.Argument(..., help="The swarm.yaml to inspect (see swarm.yaml.example)."),
+    spec: Path = typer.Argument(None, show_default=False,
+                                help="The swarm.yaml to inspect (see swarm.yaml.example). Optional with "
+                                     "--model-config: the memory table then has the reference trunks only."),
     model_config: str = typer.Option(
         None, "--model-config", metavar="NAME|PATH",
         help="Size the memory table for another model: a shipped config "
              f"({', '.join(shipped_model_configs())}) or a path to a config.json. "
              "Token counts still come from the spec's model's tokenizer."),
     agents: int = typer.Option(None, "--agents", min=1, metavar="N",
-                               help="Agents to size the memory table for. Default: the spec's agents."),
+                               help="Agents to size the memory table for. Default: the spec's agents, "
+                                    "or 8 without a spec."),
     budget: str = typer.Option(None, "--budget", metavar="SIZE|TOKENS",
                                help="KV budget for the share column, like 8.09GB, 6GiB or 20000 (tokens). "
-                                    "Default: the spec's kv_budget."),
+                                    "Default: the spec's kv_budget. Not with --card."),
+    weights: str = typer.Option(None, "--weights", metavar="TYPE",
+                                help="Size the weights as a llama.cpp file of this type: f32, f16, bf16, q8_0, "
+                                     "q6_k, q5_k_m, q4_k_m, q5_1, q5_0, q4_1 or q4_0 (estimated from the config). "
+                                     "Default with --card: what the engine would hold (a GGUF file's own "
+                                     "tensors, else the spec's weights or dtype)."),
+    card: str = typer.Option(None, "--card", metavar="SIZE",
+                             help="The GPU's memory, like 16GB or 16GiB: the KV budget is what it leaves after "
+                                  "the weights and a runtime reserve (see the README). Not with --budget."),
     context: int = typer.Option(None, "--context", min=1, metavar="TOKENS",
                                 help="Private context per agent for the 'more agents' headroom. "
                                      "Default: what each agent gets unshared (budget / agents - trunk)."),
@@ -55,22 +68,64 @@ def inspect_prefix_cmd(
 
     KV memory: bytes per token, one copy of the trunk, N copies, freed by sharing, share of the budget.
 
+    Weights and card (--weights, --card): the weights' bytes, the card, the runtime reserve and the KV
+    budget they leave, which the memory table is then sized against.
+
     Example: swarm inspect-prefix swarm.yaml --model-config Qwen3-8B --agents 8 --budget 8.09GB
+
+    Example: swarm inspect-prefix --model-config Qwen3-8B --weights q4_k_m --card 16GB
     """
-    from swarm.trunk.report import inspect_prefix  # imports torch (the tokenizer and config loaders)
+    sizing = _sizing(spec, model_config, agents, budget, context, references, weights, card)
+    from swarm.trunk.card_budget import CardTooSmall
+    from swarm.trunk.report import inspect_prefix
 
     try:
-        report = inspect_prefix(spec, model_config, agents, _budget(budget), context, _references(references))
+        report = inspect_prefix(spec, sizing)
     except ModelLoadError as err:
         if model_config is None:
             raise
         raise OptionError(f"--model-config: {err}") from None
+    except CardTooSmall as err:
+        raise OptionError(f"--card: {err}") from None
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:
         _print_report(report, Console())
     if strict and not report.clean:
         raise typer.Exit(STRICT_EXIT_CODE)
+
+
+def _sizing(spec, model_config, agents, budget, context, references, weights, card):
+    """The options, each mistake a one-line usage error found before torch is imported."""
+    if spec is None and model_config is None:
+        raise OptionError("give a swarm.yaml to inspect, or --model-config NAME to size a model without one")
+    if budget is not None and card is not None:
+        raise OptionError("--budget and --card both set the KV budget; give one of them")
+    checked = dict(budget=_budget(budget), references=_references(references), weights=_weights(weights),
+                   card_bytes=_card(card))
+    from swarm.trunk.report import Sizing  # imports torch
+
+    return Sizing(model_config=model_config, agents=agents, private_tokens=context, **checked)
+
+
+def _weights(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    from engine import WEIGHT_FILE_TYPES
+
+    if raw.lower() not in WEIGHT_FILE_TYPES:
+        raise OptionError(f"--weights: {raw!r} is not a file type swarm can size; use one of "
+                          f"{', '.join(WEIGHT_FILE_TYPES)}")
+    return raw.lower()
+
+
+def _card(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return parse_card_size(raw)
+    except ValueError as err:
+        raise OptionError(f"--card: {err}") from None
 
 
 def _budget(raw: str | None):
@@ -93,6 +148,24 @@ def _references(raw: str) -> tuple[int, ...]:
 
 
 def _print_report(report: PrefixReport, console: Console) -> None:
+    if report.spec is None:
+        console.print(f"[bold]{report.model_config}[/]: no spec, so the memory table has the reference trunks "
+                      "only; give a swarm.yaml to see its own trunk")
+    else:
+        _print_trunk(report, console)
+    if report.weights is not None:
+        console.print(_weights_line(report.weights, report.model_config))
+    if report.card is not None:
+        console.print(_card_line(report.card, report.memory.bytes_per_token))
+    console.print(_memory_table(report))
+    shape, memory = report.kv_shape, report.memory
+    mark = "* this swarm's trunk. " if report.spec is not None else ""
+    console.print(f"{mark}bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads"
+                  f" × {shape.head_dim} head dim × {shape.dtype_bytes} bytes ({memory.dtype})"
+                  f" = {memory.bytes_per_token:,} B, from {report.model_config}")
+
+
+def _print_trunk(report: PrefixReport, console: Console) -> None:
     console.print(f"[bold]{report.spec}[/]: model {report.model}, harness {report.harness}")
     console.print(f"trunk: [bold]{report.trunk_tokens:,}[/] tokens, sha256 {report.trunk_sha256[:16]}…, "
                   f"tools ({report.tools_mode}): {', '.join(report.tools) or 'none'}")
@@ -101,11 +174,21 @@ def _print_report(report: PrefixReport, console: Console) -> None:
                       f"{report.trunk_tokens:,} are shared by every agent[/]")
     console.print(_agents_table(report))
     _print_findings(report, console)
-    console.print(_memory_table(report))
-    shape, memory = report.kv_shape, report.memory
-    console.print(f"* this swarm's trunk. bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads"
-                  f" × {shape.head_dim} head dim × {shape.dtype_bytes} bytes ({memory.dtype})"
-                  f" = {memory.bytes_per_token:,} B, from {report.model_config}")
+
+
+def _weights_line(weights: SizedWeights, model_config: str) -> str:
+    memory = weights.memory
+    source = (f"estimated: llama.cpp's {memory.label} tensor types on {model_config}'s shapes"
+              if weights.source == "estimate" else "the file's own tensors, from its header")
+    return f"weights {format_bytes(memory.total_bytes)} · {memory.label} [dim]({source})[/]"
+
+
+def _card_line(card: CardBudget, bytes_per_token: int) -> str:
+    return (f"card {format_bytes(card.card_bytes)} − weights {format_bytes(card.weights.total_bytes)} − runtime "
+            f"reserve {format_bytes(card.reserve_bytes)} ({format_bytes(card.runtime_bytes)} for the runtime + "
+            f"{format_bytes(card.activation_bytes)} of activations in a {card.prefill_tokens:,}-token prefill step) "
+            "= KV budget "
+            f"[bold]{format_bytes(card.budget_bytes)}[/] = {card.budget_bytes // bytes_per_token:,} tokens")
 
 
 def _agents_table(report: PrefixReport) -> Table:

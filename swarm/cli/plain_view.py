@@ -39,7 +39,9 @@ class PlainView:
     def start(self, info: RunInfo, agents: list[Agent], memory: RunMemory) -> None:
         self.info, self.agents, self.memory = info, agents, memory
         self.name_width = max([len(agent.name) for agent in agents] + [8])
-        self.note(f"run {info.name}: {len(agents)} agents, {info.model} {where(info)}, writing to {info.run_dir}")
+        weights = f", {describe_weights(info)}" if info.weights else ""
+        self.note(f"run {info.name}: {len(agents)} agents, {info.model} {where(info)}{weights}, "
+                  f"writing to {info.run_dir}")
 
     def event(self, event: AgentEvent) -> None:
         if self.start_time is None:
@@ -89,6 +91,13 @@ def where(info: RunInfo) -> str:
     if info.base_url:
         return f"on the {info.facts.kind} server {info.base_url}"
     return f"on {info.device} ({info.dtype})"
+
+
+def describe_weights(info: RunInfo) -> str:
+    """The weights the engine holds: "weights 4.92 GB · Q4_K_M" (what the file or the load made them)."""
+    if info.weights is None:
+        return f"weights {format_bytes(info.weight_bytes)}"
+    return f"weights {format_bytes(info.weights.total_bytes)} · {info.weights.label}"
 
 
 def describe_server_kv(memory: RunMemory) -> str:

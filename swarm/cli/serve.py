@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from engine import DEFAULT_MODEL, OptionError, SwarmError
+from engine import DEFAULT_MODEL, WEIGHT_SCHEMES, OptionError, SwarmError
 
 TRUNK_REQUEST_ID = "trunk"
 
@@ -22,6 +22,7 @@ class ServeSettings:
     model: str
     device: str
     dtype: str
+    weights: str
     kv_budget_tokens: int | None
     kv_budget_bytes: int | None
 
@@ -39,6 +40,10 @@ def serve(
                                help="auto, cpu, cuda or cuda:N. Default: the spec's, else auto."),
     dtype: str = typer.Option(None, "--dtype", show_default=False,
                               help="auto, float32, bfloat16 or float16. Default: the spec's, else auto."),
+    weights: str = typer.Option(None, "--weights", show_default=False,
+                                help=f"How the weights are kept: {', '.join(WEIGHT_SCHEMES)}. auto: a GGUF file's "
+                                     "own formats, a checkpoint's dtype; q8_0 & co quantize a checkpoint at load. "
+                                     "Default: the spec's, else auto."),
     kv_budget: str = typer.Option(None, "--kv-budget", metavar="SIZE|TOKENS", show_default=False,
                                   help="KV cache budget, like 2GB or 20000 (tokens). Default: the spec's, "
                                        "else sized from free memory."),
@@ -60,7 +65,7 @@ def serve(
     """
     _check_log_level(log_level)
     swarm_spec = _load_spec(spec, model) if spec is not None else None
-    settings = _settings(swarm_spec, model, device, dtype, kv_budget)
+    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget)
     listener = bind(host, port)
     try:
         _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key)
@@ -93,6 +98,7 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
     from swarm.server.served_model import ServedModel
 
     engine = LLMEngine(settings.model, EngineOptions(device=settings.device, dtype=settings.dtype,
+                                                     weights=settings.weights,
                                                      kv_budget_tokens=settings.kv_budget_tokens,
                                                      kv_budget_bytes=settings.kv_budget_bytes))
     served = ServedModel(name, aliases={settings.model, engine.source.display_name, str(engine.source.path)})
@@ -158,7 +164,7 @@ def _load_spec(path: Path, model: str | None):
     return spec
 
 
-def _settings(spec, model: str | None, device: str | None, dtype: str | None,
+def _settings(spec, model: str | None, device: str | None, dtype: str | None, weights: str | None,
               kv_budget: str | None) -> ServeSettings:
     from swarm.spec.kv_budget import parse_kv_budget
 
@@ -168,9 +174,12 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None,
             budget = parse_kv_budget(int(kv_budget) if kv_budget.strip().isdigit() else kv_budget)
         except ValueError as err:
             raise OptionError(f"--kv-budget: {err}") from None
+    if weights is not None and weights.lower() not in WEIGHT_SCHEMES:
+        raise OptionError(f"--weights {weights!r} is not known; use one of {', '.join(WEIGHT_SCHEMES)}")
     return ServeSettings(model=model or (spec.model if spec else DEFAULT_MODEL),
                          device=device or (spec.device if spec else "auto"),
                          dtype=dtype or (spec.dtype if spec else "auto"),
+                         weights=(weights or (spec.weights if spec else "auto")).lower(),
                          kv_budget_tokens=budget.tokens if budget else None,
                          kv_budget_bytes=budget.bytes if budget else None)
 
@@ -179,13 +188,14 @@ def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:
     host, port = listener.getsockname()[:2]
     info = {"url": f"http://{_url_host(host)}:{port}/v1", "model": served.name, "host": host, "port": port,
             "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
-            "kv_tokens": engine.kv_capacity_tokens, "trunk_tokens": served.trunk_tokens,
+            "weights": engine.weights.to_json(), "kv_tokens": engine.kv_capacity_tokens, "trunk_tokens": served.trunk_tokens,
             "trunk_blocks": served.trunk_blocks}
     if as_json:
         print(json.dumps(info), flush=True)
         return
     trunk = f"; trunk of {served.trunk_tokens} tokens pinned" if served.trunk_tokens else ""
-    print(f"swarm serve: {served.name} on {info['url']} ({info['device']}, {info['dtype']}, "
+    weights = f"weights {engine.weights.total_bytes / 1e9:.2f} GB · {engine.weights.label}"
+    print(f"swarm serve: {served.name} on {info['url']} ({info['device']}, {info['dtype']}, {weights}, "
           f"KV {info['kv_tokens']} tokens{trunk})", flush=True)
 
 

@@ -3,6 +3,7 @@ only where its backend has it, and "n/a" (a figure this backend cannot have, lik
 bytes on a server) or "unavailable" (one the server could give and did not) elsewhere.
 
     figure                                       local (swarm's engine)      openai (a server)
+    the weights' bytes by format                 yes (the engine's count)     n/a
     KV bytes per agent, shared and private       yes                          n/a
     the trunk prefilled once and pinned          yes                          the server's prefix cache
     decode rate from the engine's step times     yes                          generated / wall time

@@ -68,7 +68,8 @@ class LocalBackend:
         engine = self.engine
         info.model = engine.source.display_name
         info.device, info.dtype = str(engine.device), str(engine.dtype).removeprefix("torch.")
-        info.weight_bytes = engine.weight_bytes
+        info.weights = engine.weights
+        info.weight_bytes = engine.weights.total_bytes
         self.timings = timings
 
     def set_up(self, spec: SwarmSpec, ground: SwarmGround, info: RunInfo, note: Note) -> dict[str, FirstTurn]:
@@ -198,7 +199,7 @@ class LocalBackend:
 
     def _engine_options(self) -> EngineOptions:
         budget = self.spec.kv_budget
-        return EngineOptions(device=self.spec.device, dtype=self.spec.dtype,
+        return EngineOptions(device=self.spec.device, dtype=self.spec.dtype, weights=self.spec.weights,
                              kv_budget_tokens=budget.tokens if budget else None,
                              kv_budget_bytes=budget.bytes if budget else None)
 

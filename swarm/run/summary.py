@@ -2,7 +2,8 @@
 (a temporary file renamed over the old one) so a reader never sees half of it.
 
     {"status": "completed" | "wall_time" | "interrupted" | "failed", "run": ..., "model": ...,
-     "device": ..., "timings": {...}, "tokens": {...}, "memory": {see swarm/run/memory.py},
+     "device": ..., "weight_bytes": ..., "weights": {"total_bytes", "by_format", "label"} | null,
+     "timings": {...}, "tokens": {...}, "memory": {see swarm/run/memory.py},
      "agents": [{"name", "status", "end_reason", "turns", "generated_tokens", ...}]}
 
 The status is "running" while the run goes; "wall_time" when limits.wall_time cut agents short.
@@ -21,11 +22,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.agents.agent import Agent
 from swarm.run.facts import LOCAL_FACTS, BackendFacts
 from swarm.run.memory import RunMemory
 from swarm.run.transcript import transcript_path
+
+if TYPE_CHECKING:
+    from engine import WeightMemory
 
 SUMMARY_FILE = "summary.json"
 
@@ -41,6 +46,8 @@ class RunInfo:
     device: str = ""
     dtype: str = ""
     weight_bytes: int = 0
+    weights: WeightMemory | None = None
+    """The engine's own count of its weights' bytes, by format (a run on a server has none)."""
     trunk_sha256: str = ""
     started_at: str = ""
     facts: BackendFacts = LOCAL_FACTS
@@ -89,7 +96,8 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
 def _run_fields(info: RunInfo, status: str, timings: RunTimings, error: str) -> dict:
     fields = {"status": status, "run": info.name, "run_dir": str(info.run_dir), "spec": info.spec_path,
               "started_at": info.started_at, "model": info.model, "device": info.device, "dtype": info.dtype,
-              "weight_bytes": info.weight_bytes, "trunk_sha256": info.trunk_sha256, "timings": _timings(timings)}
+              "weight_bytes": info.weight_bytes, "weights": info.weights.to_json() if info.weights else None,
+              "trunk_sha256": info.trunk_sha256, "timings": _timings(timings)}
     if error:
         fields["error"] = error
     return fields

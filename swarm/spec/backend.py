@@ -9,7 +9,7 @@
 
 With `openai` the server owns the model and its memory: the top-level `model` is not loaded
 (`swarm inspect-prefix` may still read it as a local copy of the tokenizer), and `device`,
-`dtype` and `kv_budget` are ignored with a note when the run starts.
+`dtype`, `weights` and `kv_budget` are ignored with a note when the run starts.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from swarm.spec.reader import SpecReader
 
 BACKEND_TYPES = ["local", "openai"]
 BACKEND_KEYS = ["type", "base_url", "model", "api_key_env"]
-ENGINE_ONLY_KEYS = ("device", "dtype", "kv_budget")
+ENGINE_ONLY_KEYS = ("device", "dtype", "weights", "kv_budget")
 NO_API_KEY = "EMPTY"
 """Sent when the spec names no key variable: servers started without a key accept anything."""
 

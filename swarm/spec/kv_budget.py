@@ -1,7 +1,8 @@
 """The KV budget: how much memory the swarm may spend on KV cache, in tokens or in bytes.
 
 `8GB` and `8.09GB` are decimal (10^9 bytes), `8GiB` is binary (2^30), a bare number
-or `20000 tokens` counts tokens of the model's KV cache.
+or `20000 tokens` counts tokens of the model's KV cache. A card's memory (`--card 16GB`) is
+written the same way, as a size only.
 """
 from __future__ import annotations
 
@@ -64,6 +65,14 @@ def parse_kv_budget(value: int | str) -> KvBudget:
     if unit not in UNITS:
         raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use B, KB, MB, GB, GiB or tokens")
     return _positive(KvBudget(bytes=int(round(number * UNITS[unit])), unit=match.group(2)), value)
+
+
+def parse_card_size(value: str) -> int:
+    """A card's memory in bytes, written as a size like 16GB or 16GiB; ValueError with a hint otherwise."""
+    budget = parse_kv_budget(value)
+    if budget.bytes is None:
+        raise ValueError(f"{value!r} is a token count; give the card's memory as a size like 16GB or 16GiB")
+    return budget.bytes
 
 
 def min_pool_tokens(trunk_tokens: int, longest_prompt: int, block_size: int) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from engine import NAMED_MODELS, ModelLoadError, resolve_model
+from engine import NAMED_MODELS, WEIGHT_SCHEMES, ModelLoadError, resolve_model
 from swarm.spec.backend import ENGINE_ONLY_KEYS, BackendSpec, read_backend
 from swarm.spec.harness import load_harness, resolve_harness
 from swarm.spec.kv_budget import KvBudget, parse_kv_budget
@@ -20,7 +20,7 @@ from swarm.spec.tool_schema import normalize_tool, tool_name
 
 WORKSPACE_MODES = ("copy", "shared-readonly")   # copy: a copy per agent; shared-readonly: one, unwritable
 
-TOP_KEYS = ["model", "backend", "device", "dtype", "kv_budget", "harness", "extra_tools", "extra_rules",
+TOP_KEYS = ["model", "backend", "device", "dtype", "weights", "kv_budget", "harness", "extra_tools", "extra_rules",
             "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
 DTYPES = ["auto", "float16", "bfloat16", "float32"]
 DEFAULT_HARNESS = "coding-agent"
@@ -74,6 +74,8 @@ class SwarmSpec:
     """Keys the backend has no use for (the engine's own with a remote server), to note at the start."""
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "auto"
+    """How the model's weights are kept: auto (a GGUF's own formats), float, or q8_0 & co (quantized at load)."""
     kv_budget: KvBudget | None = None
     harness: Path | None = None
     extra_tools: list[dict] = field(default_factory=list)
@@ -144,8 +146,18 @@ def _read_engine_keys(reader: SpecReader, root: dict[str, Node], spec: SwarmSpec
             raise reader.fail(root["device"], "device", f"{spec.device!r} is not auto, cpu, cuda or cuda:N")
     if "dtype" in root:
         spec.dtype = reader.choice(root["dtype"], "dtype", DTYPES)
+    if "weights" in root:
+        spec.weights = _weights(reader, root["weights"], spec.model)
     if "kv_budget" in root:
         spec.kv_budget = _kv_budget(reader, root["kv_budget"])
+
+
+def _weights(reader: SpecReader, node: Node, model: str) -> str:
+    scheme = reader.choice(node, "weights", WEIGHT_SCHEMES)
+    if scheme not in ("auto", "float") and model and resolve_model(model).kind == "gguf":
+        raise reader.fail(node, "weights", f"{scheme} quantizes a Hugging Face checkpoint at load; {model} is a "
+                          "GGUF file, which keeps its own formats (use auto)")
+    return scheme
 
 
 def _kv_budget(reader: SpecReader, node: Node) -> KvBudget | None:

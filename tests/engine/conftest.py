@@ -31,3 +31,26 @@ def smollm2_in_transformers():
 
 
 ALL_VARIANTS = list(VARIANTS)
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4_k_m_in_transformers():
+    """transformers' own model of the Q4_K_M file llama.cpp made from SmolLM2 (kquant_files), float32:
+    the oracle for the K-quant tests. Loaded once (about 25 s, most of it gguf's reader)."""
+    import torch
+    import transformers
+
+    from tests.helpers.kquant_files import smollm2_quantized
+
+    path = smollm2_quantized("Q4_K_M")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_kquant(tmp_path_factory):
+    """The tiny random llama quantized by llama.cpp, one file per file type, made once per session."""
+    from tests.helpers.kquant_files import tiny_quantized
+
+    root = tmp_path_factory.mktemp("tiny_kquant")
+    return lambda file_type: tiny_quantized(root, file_type)

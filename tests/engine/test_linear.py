@@ -1,14 +1,11 @@
 """The linear layer kinds against F.linear, and swap_linears on a module tree."""
-import gguf.quants
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType as Q
 from torch import nn
 
-from engine.linear import FEW_ROWS, Linear, PackedLinear, QuantizedLinear, swap_linears
-from kernels.cpu import onednn_linear, quant_matmul
-from kernels.cpu.quant_matmul import dequantize, from_gguf_blocks
+from engine.linear import FEW_ROWS, Linear, PackedLinear, swap_linears
+from kernels.cpu import onednn_linear
 
 ROW_COUNTS = [1, 8, FEW_ROWS, FEW_ROWS + 1, 200]
 
@@ -59,44 +56,8 @@ def test_packed_linear_multiplies_like_the_linear_it_packs(count):
         torch.testing.assert_close(packed(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
-def quantized_weight(qtype: Q, out_features: int = 80, in_features: int = 96):
-    values = torch.empty(out_features, in_features).uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(1))
-    return from_gguf_blocks(gguf.quants.quantize(values.numpy(), qtype), qtype)
-
-
-@pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the quantized decode kernel")
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
-@pytest.mark.parametrize("count", ROW_COUNTS)
-def test_quantized_linear_takes_the_blocks_for_a_few_rows_and_the_layer_it_stands_in_for_otherwise(count, qtype):
-    blocks = quantized_weight(qtype)
-    dense = random_linear()   # another weight than the blocks', so the output tells which one ran
-    layer = QuantizedLinear(blocks, dense)
-    x = rows(count)
-    with torch.no_grad():
-        out = layer(x)
-        from_blocks = F.linear(x, dequantize(blocks), dense.bias)
-        if count <= quant_matmul.MAX_ROWS:
-            torch.testing.assert_close(out, from_blocks, rtol=1e-5, atol=1e-5)
-        else:
-            assert torch.equal(out, dense(x))
-
-
-@pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the quantized decode kernel")
-def test_quantized_linear_hands_other_dtypes_to_the_layer_it_stands_in_for():
-    dense = random_linear().to(torch.bfloat16)
-    layer = QuantizedLinear(quantized_weight(Q.Q8_0), dense)
-    x = rows(4).to(torch.bfloat16)
-    with torch.no_grad():
-        assert torch.equal(layer(x), dense(x))
-
-
-def test_quantized_linear_refuses_blocks_of_another_shape():
-    with pytest.raises(AssertionError):
-        QuantizedLinear(quantized_weight(Q.Q8_0, out_features=64), random_linear())
-
-
 class Wrapped(nn.Module):
-    """A stand-in replacement that keeps the layer it replaces, as QuantizedLinear does."""
+    """A stand-in replacement that keeps the layer it replaces."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()

@@ -4,6 +4,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.loading.named_models import DEFAULT_MODEL, NAMED_MODELS
+from tests.helpers.shared_trunk import assert_sharing_changes_no_output
 from tests.helpers.tiny_models import reference_greedy
 
 GGUF = NAMED_MODELS[DEFAULT_MODEL].path()
@@ -36,38 +37,22 @@ def test_greedy_32_tokens_equal_transformers(llm, reference):
 
 
 def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
-    tokenizer = llm.tokenizer
-    trunk = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "system", "content": "You are a careful coding agent. " * 12}], add_generation_prompt=False))
-    assert len(trunk) % 16 != 0
-    tasks = ["Fix the failing test.", "Explain the parser.", "Add type hints.", "Rename the module.",
-             "Write a docstring.", "Find the bug in main.", "Speed up the loop.", "Review the README."]
-    prompts = [trunk + tokenizer.encode(f"<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n")
-               for t in tasks]
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    shared = llm.generate(prompts, params)
     unshared = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, enable_prefix_caching=False)
-    alone = [unshared.generate([p], params)[0] for p in prompts[:3]]
-    together = unshared.generate(prompts, params)
-    assert [o.token_ids for o in shared] == [o.token_ids for o in together]
-    assert [o.token_ids for o in shared[:3]] == [o.token_ids for o in alone]
-    assert all(o.num_cached_tokens >= len(trunk) for o in shared[1:])
+    assert_sharing_changes_no_output(llm, unshared, max_tokens=12, alone=3)
 
 
-def test_decode_from_the_files_quantized_blocks_keeps_the_float32_output(llm):
-    from engine.linear import QuantizedLinear
-    from kernels.cpu import quant_matmul
-    if not quant_matmul.available():
-        pytest.skip("no C compiler for the quantized decode kernel")
+def test_the_files_blocks_are_kept_and_give_the_float32_output(llm):
+    from engine.quantized_layers import QuantizedLinear
     net = llm.engine.runner.model
-    assert net.lm_head.quantized.bits == 8  # tied to the Q8_0 token embedding
-    assert all(layer.mlp.down_proj.quantized.bits == 4 for layer in net.model.layers)
-    plain = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, quantized_decode=False)
-    assert not any(isinstance(m, QuantizedLinear) for m in plain.engine.runner.model.modules())
-    quantized_bytes = sum(m.quantized.nbytes for m in net.modules() if isinstance(m, QuantizedLinear)
-                          and m is not net.lm_head)
-    assert llm.engine.weight_bytes == plain.engine.weight_bytes + quantized_bytes + net.lm_head.quantized.nbytes
+    assert net.lm_head.quantized is net.model.embed_tokens.quantized   # tied to the Q8_0 token embedding
+    assert net.lm_head.quantized.format == "Q8_0"
+    assert all(layer.mlp.down_proj.quantized.format == "Q4_1" for layer in net.model.layers)
+    weights = llm.weight_memory()
+    assert weights.label == "Q4_1" and set(weights.by_format) == {"Q4_1", "Q8_0", "F32"}
+    assert weights.by_format["F32"] == (2 * 30 + 1) * 576 * 4   # the norms
+    dequantized = LLM(DEFAULT_MODEL, dtype="float32", kv_budget_tokens=8192, weights="float")
+    assert not any(isinstance(m, QuantizedLinear) for m in dequantized.engine.runner.model.modules())
     prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template(m)) for m in PROMPTS]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     assert ([o.token_ids for o in llm.generate(prompts, params)]
-            == [o.token_ids for o in plain.generate(prompts, params)])
+            == [o.token_ids for o in dequantized.generate(prompts, params)])

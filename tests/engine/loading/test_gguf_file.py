@@ -12,8 +12,15 @@ from hypothesis import strategies as st
 
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.loading.config import ModelConfig
-from engine.loading.gguf_file import read_gguf_config, read_gguf_quantized, read_gguf_tensors, read_gguf_tokenizer
-from kernels.cpu.quant_matmul import dequantize
+from engine.loading.gguf_file import (
+    gguf_file_type,
+    iter_gguf_weights,
+    read_gguf_config,
+    read_gguf_tensors,
+    read_gguf_tokenizer,
+)
+from kernels.reference.gguf_dequant import dequantize
+from kernels.reference.quant_blocks import KEPT_FORMATS, QuantizedTensor
 from tests.helpers.tiny_gguf import (
     DEQUANTIZE_ONLY,
     QUANTIZABLE,
@@ -87,12 +94,23 @@ def test_smollm2_tensors_equal_transformers(smollm2_ours, smollm2_transformers):
     assert_same_tensors(smollm2_ours, theirs, tied=True)
 
 
+def keep_every_matrix(name: str, format: str, shape: tuple) -> bool:
+    return format in KEPT_FORMATS
+
+
+def read_blocks(path) -> dict[str, QuantizedTensor]:
+    return {name: value for name, value in iter_gguf_weights(path, keep_every_matrix)
+            if isinstance(value, QuantizedTensor)}
+
+
 def test_smollm2_quantized_blocks_are_every_matrix_and_dequantize_to_the_weights(smollm2, smollm2_ours):
-    quantized = read_gguf_quantized(smollm2)
+    quantized = read_blocks(smollm2)
     assert len(quantized) == 30 * 7 + 1
-    assert quantized["model.embed_tokens.weight"].bits == 8
+    assert quantized["model.embed_tokens.weight"].format == "Q8_0"
+    assert {weight.format for weight in quantized.values()} == {"Q8_0", "Q4_1"}
     for name, weight in quantized.items():
         assert torch.equal(dequantize(weight), smollm2_ours[name]), name
+    assert gguf_file_type(smollm2) == "Q4_1"
 
 
 def test_smollm2_q_and_k_rows_are_unpermuted(smollm2, smollm2_ours, smollm2_transformers):
@@ -138,12 +156,11 @@ def test_quantized_types_match_transformers_and_the_weights(tmp_path, qtype):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.F16], ids=lambda q: q.name)
-def test_quantized_blocks_kept_for_decode_equal_the_dequantized_weights(tmp_path, family, qtype):
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.F16, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_quantized_blocks_kept_equal_the_dequantized_weights(tmp_path, family, qtype):
     path = write_model(tmp_path / f"{family}-{qtype.name}.gguf", tiny_model(family), qtype)
-    quantized, weights = read_gguf_quantized(path), read_gguf_tensors(path)
-    matrices = {name for name, w in weights.items() if w.dim() == 2}
-    assert set(quantized) == (matrices if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0) else set())
+    quantized, weights = read_blocks(path), read_gguf_tensors(path)
+    assert set(quantized) == {name for name, w in weights.items() if w.dim() == 2}
     for name, weight in quantized.items():  # llama's q/k rows are reordered back, like the weights
         assert torch.equal(dequantize(weight), weights[name]), name
 

@@ -47,7 +47,8 @@ def test_json_follows_the_documented_schema(bench_run):
     assert {"model", "device", "dtype", "hf_dtype", "kernels", "workload", "systems", "versions",
             "configs"} <= set(document)
     assert document["kernels"]["attention"] in ("native", "sdpa")
-    assert document["kernels"]["quantized_decode_bytes"] == 0   # a safetensors folder has no quantized blocks
+    weights = document["kernels"]["weights"]   # a safetensors folder keeps its float weights: no blocks
+    assert set(weights["by_format"]) == {"F32"} and weights["total_bytes"] == weights["by_format"]["F32"]
     assert document["kernels"]["matmuls"] == ("onednn" if onednn_linear.available() else "torch")
     assert document["workload"] == {"agents": [1, 2], "trunks": [T], "suffix": S, "new_tokens": G,
                                     "repeats": 1, "seed": 0, "busy": 1}

@@ -8,8 +8,9 @@ import pytest
 from rich.console import Console
 
 from engine.llm_engine import EngineOptions, LLMEngine
+from engine.weight_memory import WeightMemory
 from swarm.agents.agent import Agent, AgentLimits, AgentState, ToolJob
-from swarm.cli.dashboard import Dashboard, memory_bar, pool_label
+from swarm.cli.dashboard import Dashboard, header_rows, memory_bar, pool_label
 from swarm.run.local_backend import LocalBackend
 from swarm.run.memory import MemorySnapshot, RunMemory
 from swarm.run.phases import SwarmRun
@@ -69,6 +70,15 @@ def test_frame_has_the_header_figures_and_a_row_per_agent(dashboard_parts):
     row = next(line for line in text.splitlines() if line.strip().startswith("a1 "))
     assert row.split()[:4] == ["a1", "tool", "3", "3"] and "read_file" in row  # working on its third turn
     assert next(line for line in text.splitlines() if line.strip().startswith("a2 ")).split()[1] == "queued"
+
+
+def test_the_header_shows_the_engines_weights_and_their_format(dashboard_parts):
+    info, agents, memory = dashboard_parts
+    info.weights = WeightMemory(4_920_000_000, {"Q4_K": 3_900_000_000, "Q6_K": 1_020_000_000}, "Q4_K_M")
+    label, text = header_rows(info, memory, agents)[0]
+    assert label == "swarm run" and text == "run-1 · tiny · cpu · float32 · weights 4.92 GB · Q4_K_M"
+    info.weights = None   # a RunInfo that only knows the total still shows it
+    assert header_rows(info, memory, agents)[0][1].endswith("· weights 1.00 MB")
 
 
 def test_memory_bar_splits_shared_and_private_to_scale():

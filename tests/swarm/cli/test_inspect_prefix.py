@@ -1,10 +1,12 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from engine import WEIGHT_FILE_TYPES
 from engine.llm_engine import pick_dtype
 from swarm.cli.main import main
 from swarm.spec.schema import load_spec
@@ -104,5 +106,72 @@ def test_as_a_real_command_errors_have_no_traceback(tmp_path):
 def test_help_names_every_option(swarm_cli):
     code, out, _ = swarm_cli("inspect-prefix", "--help")
     assert code == 0
-    for option in ("--model-config", "--agents", "--budget", "--strict", "--json", "Qwen3-8B"):
+    for option in ("--model-config", "--agents", "--budget", "--weights", "--card", "--strict", "--json", "Qwen3-8B"):
         assert option in out
+    assert all(file_type in out for file_type in WEIGHT_FILE_TYPES)   # the help lists every type it sizes
+
+
+SEED_CARD = ["--model-config", "Qwen3-8B", "--weights", "q4_k_m", "--card", "16GB"]
+
+
+def test_the_seeds_card_gives_the_weights_the_reserve_and_the_budget_without_a_spec(swarm_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")   # one line per figure
+    code, out, err = swarm_cli("inspect-prefix", *SEED_CARD)
+    assert code == 0, err
+    assert "Qwen3-8B: no spec, so the memory table has the reference trunks only" in out
+    assert "weights 5.02 GB · Q4_K_M (estimated: llama.cpp's Q4_K_M tensor types on Qwen3-8B's shapes)" in out
+    assert ("card 16.00 GB − weights 5.02 GB − runtime reserve 1.31 GB (1.07 GB for the runtime + 234.88 MB of "
+            "activations in a 2,048-token prefill step) = KV budget 9.67 GB = 65,575 tokens") in out
+    assert "KV memory: 8 agents, budget 9.67 GB = 65,575 tokens" in out
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rows == ["2,000", "3,000", "4,000", "6,000"]   # no trunk of this swarm: there is no spec
+    assert "Agents" not in out and "* this swarm's trunk" not in out
+
+
+def test_the_json_adds_the_weights_by_format_and_the_card_and_keeps_every_key(swarm_cli):
+    code, out, _ = swarm_cli("inspect-prefix", "--json", "--model-config", "Qwen3-8B", "--weights", "Q4_K_M",
+                             "--card", "16GiB", "--agents", "4")
+    assert code == 0
+    report = json.loads(out)
+    assert {"schema_version", "spec", "model", "model_config", "harness", "tools", "trunk", "agents", "findings",
+            "kv_shape", "memory", "clean", "weights", "card"} == set(report)
+    assert (report["spec"], report["trunk"], report["agents"], report["findings"]) == (None, None, [], [])
+    weights, card, memory = report["weights"], report["card"], report["memory"]
+    assert (weights["label"], weights["source"]) == ("Q4_K_M", "estimate")
+    assert set(weights["by_format"]) == {"Q4_K", "Q6_K", "F32"}
+    assert sum(weights["by_format"].values()) == weights["total_bytes"] == card["weights_bytes"]
+    assert card["card_bytes"] == 16 * 2**30
+    assert card["budget_bytes"] == card["card_bytes"] - card["weights_bytes"] - card["reserve_bytes"]
+    assert memory["budget_bytes"] == card["budget_bytes"] and memory["budget_tokens"] == card["budget_tokens"]
+    assert memory["agents"] == 4 and [row["label"] for row in memory["rows"]] == ["reference"] * 4
+
+
+def test_with_a_spec_the_card_is_sized_for_its_gguf_files_own_tensors(swarm_cli):
+    code, out, _ = swarm_cli("inspect-prefix", EXAMPLE_SPEC, "--json", "--card", "8GB")
+    assert code == 0
+    report = json.loads(out)
+    weights, card = report["weights"], report["card"]
+    assert (weights["label"], weights["source"]) == ("Q4_1", "file")   # the SmolLM2 file the spec names
+    assert set(weights["by_format"]) == {"Q4_1", "Q8_0", "F32"}
+    assert report["kv_shape"]["dtype_bytes"] == 2   # sized for a card: float16, whatever this machine is
+    assert report["memory"]["budget_bytes"] == card["budget_bytes"]
+    assert report["memory"]["rows"][0]["label"] == "this swarm" and report["trunk"]["tokens"] > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model-config", "Qwen3-8B", "--budget", "8GB", "--card", "16GB"],
+     "error: --budget and --card both set the KV budget; give one of them"),
+    (["--model-config", "Qwen3-8B", "--weights", "q3_k_m"], "error: --weights: 'q3_k_m' is not a file type"),
+    (["--model-config", "Qwen3-8B", "--card", "16"], "error: --card: '16' is a token count"),
+    (["--model-config", "Qwen3-8B", "--card", "8GB"], "error: --card: 8.00 GB holds no KV cache beside the weights"),
+])
+def test_bad_card_and_weights_options_exit_2_with_one_line(swarm_cli, args, words):
+    code, _, err = swarm_cli("inspect-prefix", *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(words), err
+
+
+def test_without_a_spec_or_a_model_config_the_installed_command_says_what_to_give():
+    done = subprocess.run([str(Path(sys.executable).with_name("swarm")), "inspect-prefix", "--card", "16GB"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "error: give a swarm.yaml to inspect, or --model-config NAME to size a model without one\n"

@@ -12,7 +12,7 @@ from engine.loading.named_models import DEFAULT_MODEL
 from swarm.cli.plain_view import PlainView
 from swarm.cli.run import new_run_dir
 from swarm.run.phases import SwarmRun
-from swarm.spec.kv_budget import KvBudget, format_bytes, min_pool_tokens, parse_kv_budget
+from swarm.spec.kv_budget import KvBudget, format_bytes, min_pool_tokens, parse_card_size, parse_kv_budget
 from swarm.spec.schema import SwarmSpec, load_spec
 from swarm.trunk.fit import check_trunk_fits
 from tests.helpers.runs import tiny_model, write_run_spec
@@ -34,6 +34,15 @@ def test_sizes_and_token_counts(raw, expected):
 def test_bad_budgets_say_what_is_expected(raw):
     with pytest.raises(ValueError):
         parse_kv_budget(raw)
+
+
+def test_a_card_is_a_size_in_decimal_or_binary_units_never_a_token_count():
+    assert parse_card_size("16GB") == 16 * 10**9
+    assert parse_card_size("16GiB") == 16 * 2**30 == 17_179_869_184
+    assert parse_card_size("24 GB") == 24 * 10**9
+    for raw in ("16", "16 tokens", "16 parsecs", "0GB"):
+        with pytest.raises(ValueError):
+            parse_card_size(raw)
 
 
 def test_conversions_and_formatting():

@@ -26,6 +26,14 @@ def test_counted_agents_get_names_and_the_default_task(tmp_path):
     assert spec.kv_budget is None and spec.dtype == "auto" and spec.workspace.path == tmp_path
 
 
+def test_weights_default_to_auto_and_a_checkpoint_may_be_quantized_at_load(tmp_path):
+    assert load(tmp_path, MINIMAL).weights == "auto"
+    assert load(tmp_path, MINIMAL + "weights: float\n").weights == "float"
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "config.json").write_text("{}")   # the spec reads no further than this
+    assert load(tmp_path, MINIMAL.replace("smollm2-135m-instruct", "checkpoint") + "weights: q8_0\n").weights == "q8_0"
+
+
 def test_auto_kv_budget_is_no_budget(tmp_path):
     assert load(tmp_path, MINIMAL + "kv_budget: auto\n").kv_budget is None
     assert load(tmp_path, MINIMAL + "kv_budget: 20000\n").kv_budget.tokens == 20000
@@ -44,6 +52,8 @@ def test_lines_of_extra_rules_are_recorded(tmp_path):
     (MINIMAL + "sampling:\n  top_k: true\n", 5, "sampling.top_k", "expected an integer"),
     (MINIMAL.replace("agents: 3", "agents: four"), 3, "agents", "expected a count like 4"),
     (MINIMAL + "dtype: fp8\n", 4, "dtype", "'fp8' is not one of auto"),
+    (MINIMAL + "weights: q8\n", 4, "weights", "did you mean 'q8_0'"),
+    (MINIMAL + "weights: q8_0\n", 4, "weights", "is a GGUF file, which keeps its own formats"),
     ("task: x\nagents: 2\n", 1, "model", "missing required key"),
     (MINIMAL.replace("task: fix the failing test\n", ""), 2, "task", "missing required key"),
     ("model: smollm2-135m-instruct\nagents:\n  - name: a\n", 3, "agents[0].task", "missing required key"),

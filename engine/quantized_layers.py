@@ -1,0 +1,85 @@
+"""Layers whose weight stays in its file's block format (a QuantizedTensor), and which kernel multiplies
+it on each device:
+
+    CPU, float32, a few rows, a format the C kernel reads   kernels.cpu.quant_matmul straight from the blocks
+    GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
+    anything else (CPU prefill, other formats, dtypes)       tiles of the weight dequantized into one scratch
+                                                             buffer the whole model shares, then the GEMM of
+                                                             torch (on a CPU, the C kernel expands the tiles)
+
+No layer holds a float copy of its weight: the scratch holds one tile at a time, so the model's
+resident bytes are the file's.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.cpu import quant_matmul as cpu_kernel
+from kernels.reference import gguf_dequant
+from kernels.reference.quant_blocks import QuantizedTensor
+from kernels.reference.quant_matmul import DequantScratch, dequant_matmul
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T + bias with W kept as its blocks; `scratch` is shared by every layer of a model."""
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, scratch: DequantScratch):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.quantized = weight
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.scratch = scratch
+        on_cpu = weight.device.type == "cpu"
+        self._cpu_kernel = on_cpu and cpu_kernel.supports(weight.format) and cpu_kernel.available()
+        self._triton = not on_cpu and _triton_supports(weight.format)
+        self._expand = _cpu_expander(weight.format) if on_cpu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._cpu_kernel and cpu_kernel.usable(x):
+            return cpu_kernel.quant_matmul(x, self.quantized, self.bias)
+        if self._triton:
+            from kernels.triton import quant_matmul as triton_kernel
+            return triton_kernel.quant_matmul(x, self.quantized, self.bias)
+        return dequant_matmul(x, self.quantized, self.bias, self.scratch, dequantize=self._expand)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings kept as their blocks: a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, weight: QuantizedTensor, dtype: torch.dtype):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.quantized = weight
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return gguf_dequant.dequantize_rows(self.quantized, ids, self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings} x {self.embedding_dim}, {self.quantized.format}"
+
+
+def _triton_supports(format: str) -> bool:
+    try:
+        from kernels.triton import quant_matmul as triton_kernel  # imports triton: only on a GPU
+    except ImportError:   # a torch build without triton: PyTorch dequantizes
+        return False
+    return triton_kernel.supports(format)
+
+
+def _cpu_expander(format: str):
+    """The C expansion of a tile of blocks into float32, where the kernel reads the format; else None
+    (PyTorch's)."""
+    if not (cpu_kernel.supports(format) and cpu_kernel.available()):
+        return None
+
+    def expand(weight: QuantizedTensor, rows: tuple[int, int], out: torch.Tensor) -> torch.Tensor:
+        if out.dtype != torch.float32:
+            return gguf_dequant.dequantize(weight, rows, out=out, dtype=out.dtype)
+        return cpu_kernel.dequantize(weight, rows, out)
+
+    return expand

@@ -1,0 +1,22 @@
+"""What a model's weights take, by storage format: the engine's own count of the tensors it holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class WeightMemory:
+    """total_bytes: every byte the weights hold on the device (a tensor shared by two layers, such as a
+    tied lm_head, counts once). by_format: those bytes by storage format ("Q4_K", "Q6_K", "F32", ...),
+    adding up to total_bytes. label: what the model is, for a header: the file's type ("Q4_K_M"),
+    the quantization asked for at load ("Q8_0"), or the dtype ("BF16")."""
+
+    total_bytes: int
+    by_format: dict[str, int] = field(default_factory=dict)
+    label: str = ""
+
+    def __post_init__(self):
+        assert sum(self.by_format.values()) == self.total_bytes, "the formats add up to the total"
+
+    def to_json(self) -> dict:
+        return {"total_bytes": self.total_bytes, "by_format": dict(self.by_format), "label": self.label}
