@@ -54,7 +54,7 @@ def test_version_comes_from_the_installed_package():
 
 @pytest.mark.parametrize("args, words", [
     (["run"], ["Missing argument 'spec'", "swarm run --help"]),
-    (["inspect-prefix"], ["Missing argument 'spec'"]),
+    (["inspect-prefix"], ["give a swarm.yaml to inspect, or --model-config"]),
     (["--bogus"], ["No such option: --bogus", "swarm --help"]),
     (["models", "--bogus"], ["No such option: --bogus", "swarm models --help"]),
     (["no-such-command"], ["No such command 'no-such-command'"]),
