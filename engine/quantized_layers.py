@@ -32,15 +32,14 @@ class QuantizedLinear(nn.Module):
         self.scratch = scratch
         on_cpu = weight.device.type == "cpu"
         self._cpu_kernel = on_cpu and cpu_kernel.supports(weight.format) and cpu_kernel.available()
-        self._triton = not on_cpu and _triton_supports(weight.format)
+        self._triton = None if on_cpu else _triton_matmul(weight.format)
         self._expand = _cpu_expander(weight.format) if on_cpu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x):
             return cpu_kernel.quant_matmul(x, self.quantized, self.bias)
-        if self._triton:
-            from kernels.triton import quant_matmul as triton_kernel
-            return triton_kernel.quant_matmul(x, self.quantized, self.bias)
+        if self._triton is not None:
+            return self._triton(x, self.quantized, self.bias)
         return dequant_matmul(x, self.quantized, self.bias, self.scratch, dequantize=self._expand)
 
     def extra_repr(self) -> str:
@@ -63,12 +62,13 @@ class QuantizedEmbedding(nn.Module):
         return f"{self.num_embeddings} x {self.embedding_dim}, {self.quantized.format}"
 
 
-def _triton_supports(format: str) -> bool:
+def _triton_matmul(format: str):
+    """The Triton matmul where it reads `format`, else None (PyTorch dequantizes)."""
     try:
         from kernels.triton import quant_matmul as triton_kernel  # imports triton: only on a GPU
-    except ImportError:   # a torch build without triton: PyTorch dequantizes
-        return False
-    return triton_kernel.supports(format)
+    except ImportError:   # a torch build without triton
+        return None
+    return triton_kernel.quant_matmul if triton_kernel.supports(format) else None
 
 
 def _cpu_expander(format: str):
