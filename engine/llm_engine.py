@@ -6,22 +6,23 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import decode_graphs
 from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
 from engine.kv.block_manager import BlockManager
 from engine.kv.block_pool import BlockPool
-from engine.kv.cache import KVCache, blocks_for_budget
+from engine.kv.cache import KVCache
+from engine.kv.device_memory import device_memory
+from engine.kv.sizing import size_kv_pool
 from engine.kv.stats import KVStats, collect_stats
 from engine.loading.build import load_model
 from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
 from engine.model_runner import ModelRunner
 from engine.options import EngineOptions
-from engine.sampling import Sampler, SamplingParams
+from engine.sampler import Sampler
+from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-
-DEFAULT_CPU_KV_TOKENS = 65536
-GPU_MEMORY_FRACTION = 0.85
 
 
 @dataclass(slots=True)
@@ -30,6 +31,12 @@ class StepResult:
     finished: list[Sequence] = field(default_factory=list)
     prefilled: list[Sequence] = field(default_factory=list)
     logits: torch.Tensor | None = None   # rows aligned with new_tokens
+    prompt_tokens: int = 0               # prompt tokens computed in the step (a mixed step has decode rows too)
+
+    @property
+    def decode_only(self) -> bool:
+        """Tokens came, and no prompt was computed beside them: a step whose time is all decoding."""
+        return bool(self.new_tokens) and not self.prompt_tokens
 
 
 class LLMEngine:
@@ -44,11 +51,16 @@ class LLMEngine:
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
         self.weights = loaded.weights
         self.onednn_weights = loaded.packed
-        num_blocks = self._num_blocks(options)
-        kv = KVCache.allocate(self.config, num_blocks, options.block_size, self.dtype, self.device)
+        self.kv_sizing = size_kv_pool(loaded.net, self.config, options, self.dtype, self.device,
+                                      device_memory(self.device))
+        num_blocks = self.kv_sizing.num_blocks
+        # one block past the pool's: the scratch block padded rows of a decode graph write (engine.decode_graphs)
+        kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.dtype, self.device)
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention)
+        self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens,
+                                   options.mixed_step_tokens)
+        graphs = decode_graphs.engine_settings(options, self.device, num_blocks, self.config.max_position_embeddings)
+        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -104,12 +116,13 @@ class LLMEngine:
         if not batch.seqs:
             return result
         logits = self.runner.run(batch)
+        result.prompt_tokens = sum(batch.num_new) - batch.num_decode
         sample_rows = []
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
             self.blocks.commit_written(seq, n)
-            if batch.is_prefill and seq.num_uncomputed_tokens:
+            if seq.num_uncomputed_tokens:   # a prompt chunk with more to come
                 continue
-            if batch.is_prefill:
+            if not batch.is_decode_row(row):
                 self.scheduler.prompt_done(seq)
                 result.prefilled.append(seq)
                 if seq.prefill_only:
@@ -153,14 +166,19 @@ class LLMEngine:
         """Cascade attention on or off for the next steps (the decode bench compares the two)."""
         self.runner.use_cascade(on)
 
+    def use_mixed_step_tokens(self, tokens: int) -> None:
+        """The token budget of steps that carry decode rows, from the next step (`swarm bench-arrival` compares)."""
+        self.scheduler.mixed_step_tokens = tokens
+
     def kernels(self) -> dict[str, object]:
-        """Which kernels run: the attention set, the weights' bytes by format and the float matmuls' library."""
+        """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library and
+        whether decode steps replay as graphs."""
         return {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
-                "matmuls": "onednn" if self.onednn_weights else "torch"}
+                "matmuls": "onednn" if self.onednn_weights else "torch", "decode_graphs": self.runner.graphs_state()}
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:
         chosen = [seqs[r] for r in rows]
-        result.logits = logits[rows]
+        result.logits = logits if len(rows) == len(logits) else logits[rows]   # a list index waits for the device
         tokens = self.sampler.sample(result.logits, [(s.seq_id, s.params) for s in chosen])
         for seq, token in zip(chosen, tokens):
             seq.token_ids.append(token)
@@ -185,16 +203,6 @@ class LLMEngine:
         longest = max(len(s) for s in seq.params.stop)
         tail = self.tokenizer.decode(seq.output_token_ids[-(longest + 8):])
         return any(stop in tail for stop in seq.params.stop)
-
-    def _num_blocks(self, options: EngineOptions) -> int:
-        tokens, budget = options.kv_budget_tokens, options.kv_budget_bytes
-        if tokens is None and budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * GPU_MEMORY_FRACTION)
-            else:
-                tokens = min(DEFAULT_CPU_KV_TOKENS, 8 * self.config.max_position_embeddings)
-        return blocks_for_budget(self.config, options.block_size, self.dtype, tokens, budget)
 
 
 def pick_device(name: str) -> torch.device:

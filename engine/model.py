@@ -17,6 +17,15 @@ from engine.loading.config import ModelConfig
 from kernels.cpu import fused_ops
 
 
+def rows_apart(layer: nn.Module, x: torch.Tensor, split: int | None) -> torch.Tensor:
+    """`layer(x)`, with the rows before `split` (a mixed step's decode rows) multiplied apart from the
+    prompt rows after it: matmul kernels choose their blocking, and so the order of their sums, by the
+    number of rows, and a decode row must get the very logits a decode-only step gives it."""
+    if split is None:
+        return layer(x)
+    return torch.cat((layer(x[:split]), layer(x[split:])))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -95,16 +104,17 @@ class Attention(nn.Module):
         is written."""
         rows = batch.query_rows
         queries = x if rows is None else x[rows]
-        q = self.q_proj(queries).view(queries.shape[0], self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(x.shape[0], self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(x.shape[0], self.num_kv_heads, self.head_dim)
+        split = batch.decode_split
+        q = rows_apart(self.q_proj, queries, split).view(queries.shape[0], self.num_heads, self.head_dim)
+        k = rows_apart(self.k_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
+        v = rows_apart(self.v_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rotary
         q = apply_rotary(q, cos, sin) if rows is None else apply_rotary(q, cos[rows], sin[rows])
         k = apply_rotary(k, cos, sin)
         out = attention.forward(q, k, v, self.layer_index, batch)
-        return self.o_proj(out.reshape(q.shape[0], -1))
+        return rows_apart(self.o_proj, out.reshape(q.shape[0], -1), split)
 
 
 class MLP(nn.Module):
@@ -114,9 +124,9 @@ class MLP(nn.Module):
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(self.gate_proj(x), inplace=True)
-        return self.down_proj(hidden.mul_(self.up_proj(x)))
+    def forward(self, x: torch.Tensor, split: int | None = None) -> torch.Tensor:
+        hidden = F.silu(rows_apart(self.gate_proj, x, split), inplace=True)
+        return rows_apart(self.down_proj, hidden.mul_(rows_apart(self.up_proj, x, split)), split)
 
 
 class DecoderLayer(nn.Module):
@@ -131,7 +141,7 @@ class DecoderLayer(nn.Module):
         attended = self.self_attn(self.input_layernorm(x), rotary, batch, attention)
         rows = batch.query_rows
         x = (x if rows is None else x[rows]) + attended
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), batch.decode_split)
 
 
 class DecoderModel(nn.Module):
@@ -163,5 +173,5 @@ class CausalLM(nn.Module):
             x = layer(x, rotary, batch, attention)
         return self.model.norm(last(x, rotary, batch.last_tokens(), attention))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, split: int | None = None) -> torch.Tensor:
+        return rows_apart(self.lm_head, hidden, split)

@@ -5,6 +5,7 @@ import torch
 
 from engine.attention.base import AttentionBatch
 from engine.attention.select import select_backend
+from engine.decode_graphs import DecodeGraphs, GraphSettings
 from engine.kv.cache import KVCache
 from engine.model import CausalLM
 from engine.scheduler import ScheduledBatch
@@ -13,29 +14,49 @@ from engine.scheduler import ScheduledBatch
 class ModelRunner:
     """Runs the model on one scheduled step, with one attention backend over the KV pool (engine.attention)."""
 
-    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True):
+    def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True,
+                 graphs: GraphSettings | None = None):
         self.model = model
         self.kv = kv
         self.device = device
         self.attention = select_backend(kv, scale=model.config.head_dim ** -0.5)
+        self.cascade = cascade
+        self.use_graphs(graphs)
         self.use_cascade(cascade)
         self.tokens_computed = 0
         self.prompt_tokens_computed = 0
 
     def use_cascade(self, on: bool) -> None:
         """Cascade attention on or off from the next step (`swarm bench-decode` alternates)."""
+        self.cascade = on
         self.attention.use_cascade(on)
+        if self.decode_graphs is not None:
+            self.decode_graphs.use_cascade(on)
+
+    def use_graphs(self, settings: GraphSettings | None) -> None:
+        """Pure decode steps as graph replays (engine.decode_graphs) from the next step; None: eager."""
+        self.decode_graphs = None
+        if settings is not None:
+            self.decode_graphs = DecodeGraphs(self.model, self.kv, self.attention, settings, self.cascade)
+
+    def graphs_state(self) -> str:
+        """"off", or what the decode graphs did so far (engine.decode_graphs.DecodeGraphs.describe)."""
+        return "off" if self.decode_graphs is None else self.decode_graphs.describe()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits at the last new token of each scheduled sequence: [seqs, vocab]."""
         self.kv.copy_blocks([(c.src, c.dst) for c in batch.copies])
+        logits = None if self.decode_graphs is None else self.decode_graphs.run(batch)
+        if logits is not None:
+            self.tokens_computed += len(batch.seqs)
+            return logits
         input_ids, positions, attention_batch = self._prepare(batch)
         self.attention.plan(attention_batch)
         self.tokens_computed += input_ids.numel()
-        if batch.is_prefill:
-            self.prompt_tokens_computed += input_ids.numel()
-        return self.model.compute_logits(self.model(input_ids, positions, attention_batch, self.attention))
+        self.prompt_tokens_computed += input_ids.numel() - batch.num_decode
+        hidden = self.model(input_ids, positions, attention_batch, self.attention)
+        return self.model.compute_logits(hidden, attention_batch.decode_split)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
         block_size = self.kv.block_size
@@ -54,5 +75,6 @@ class ModelRunner:
         if batch.is_prefill:   # the last layer computes only each sequence's last new token
             last_rows = torch.tensor(batch.num_new, device=self.device).cumsum(0) - 1
         attention_batch = AttentionBatch(batch.is_prefill, as_tensor(slots), context_lens, list(batch.num_new), tables,
-                                         last_rows, queries="all" if batch.is_prefill else "last")
+                                         last_rows, queries="all" if batch.is_prefill else "last",
+                                         num_decode=batch.num_decode)
         return as_tensor(tokens), as_tensor(positions), attention_batch

@@ -1,7 +1,11 @@
 """Continuous batching: who computes what in the next step.
 
-A step is either a prefill step (prompt chunks of admitted requests, under a token budget)
-or a decode step (one token for every running sequence, in one batch).
+A step carries one token for every running sequence (its decode rows, first) and prompt chunks of
+admitted requests beside them (chunked prefill), under a per-step token budget:
+
+    step rows:  [ decode: 1 token per running seq ][ prefill chunks, oldest first ]
+    budget:     max_num_batched_tokens with no decode rows; mixed_step_tokens with them, so a tool
+                result or a newly admitted agent delays the running agents by a chunk, not a prompt
 
 Who gives way when the pool runs dry: age decides, everywhere. A sequence that needs blocks
 takes them from idle paused sequences first, then from the youngest sequence younger than
@@ -27,21 +31,42 @@ from engine.sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class ScheduledBatch:
-    is_prefill: bool
+    """One step's rows: the first `num_decode` sequences decode one token; the rest are prompt chunks."""
+
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     copies: list[BlockCopy] = field(default_factory=list)
     failed: list[Sequence] = field(default_factory=list)
+    num_decode: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.seqs) or bool(self.failed)
 
+    @property
+    def is_prefill(self) -> bool:
+        """Whether any prompt chunk runs in this step (a mixed step has decode rows too)."""
+        return len(self.seqs) > self.num_decode
+
+    def is_decode_row(self, row: int) -> bool:
+        return row < self.num_decode
+
+    def add_decode(self, seq: Sequence) -> None:
+        self.seqs.insert(self.num_decode, seq)
+        self.num_new.insert(self.num_decode, 1)
+        self.num_decode += 1
+
+    def add_chunk(self, seq: Sequence, num_new: int) -> None:
+        self.seqs.append(seq)
+        self.num_new.append(num_new)
+
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048):
+    def __init__(self, blocks: BlockManager, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 mixed_step_tokens: int | None = None):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.mixed_step_tokens = max_num_batched_tokens if mixed_step_tokens is None else mixed_step_tokens
         self.waiting: list[Sequence] = []   # oldest first
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -56,10 +81,29 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        batch = self._schedule_prefill()
-        if batch:
-            return batch
-        return self._schedule_decode()
+        """Oldest first: each running sequence's next token, each prefilling one's next chunk, then
+        admissions while the budget lasts."""
+        batch = ScheduledBatch()
+        budget = self._prefill_budget()
+        for seq in sorted(self.running + self.prefilling, key=_age):
+            if seq in self.running:
+                self._add_decode(batch, seq)
+            elif seq in self.prefilling:   # not preempted by an older one this step
+                budget -= self._add_chunk(batch, seq, budget)
+        while self.waiting and budget > 0 and self._num_active() < self.max_num_seqs:
+            seq = self._next_admissible(batch)
+            if seq is None or not self._admit(seq, budget, batch):
+                break
+            budget -= batch.num_new[-1]
+        return batch
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may carry: beside decode rows, what the mixed budget leaves (at
+        least a block, so prompts always progress)."""
+        if not self.running:
+            return self.max_num_batched_tokens
+        mixed = min(self.mixed_step_tokens, self.max_num_batched_tokens)
+        return max(mixed - len(self.running), self.blocks.block_size)
 
     def prompt_done(self, seq: Sequence) -> None:
         """Its whole prompt has KV now: it decodes from the next step on."""
@@ -87,19 +131,6 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
 
-    def _schedule_prefill(self) -> ScheduledBatch:
-        batch = ScheduledBatch(is_prefill=True)
-        budget = self.max_num_batched_tokens
-        for seq in sorted(self.prefilling, key=_age):
-            if seq in self.prefilling:   # not preempted by an older one this step
-                budget -= self._add_chunk(batch, seq, budget)
-        while self.waiting and budget > 0 and self._num_active() < self.max_num_seqs:
-            seq = self._next_admissible(batch)
-            if seq is None or not self._admit(seq, budget, batch):
-                break
-            budget -= batch.num_new[-1]
-        return batch
-
     def _next_admissible(self, batch: ScheduledBatch) -> Sequence | None:
         """The first waiting request that would not gain a block or more of cache hits by
         waiting for a prompt being computed now (so a shared trunk is computed once)."""
@@ -115,9 +146,10 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
         """Start computing a waiting request; one that holds no KV yet starts only once its
-        whole first chunk fits, so it never takes blocks that older sequences are about to need."""
+        whole prompt fits, so it never takes blocks that older sequences are about to need (its
+        chunks are small beside decode rows: starting on the first chunk alone would thrash)."""
         if not seq.block_table:
-            if not self._make_room(seq, budget, batch):
+            if not self._make_room(seq, seq.num_uncomputed_tokens, batch):
                 if not self._others_hold_blocks(seq):
                     self.waiting.remove(seq)
                     self._fail(seq, batch)
@@ -139,22 +171,15 @@ class Scheduler:
             self._give_way(seq, batch)
             return 0
         batch.copies += self.blocks.prepare_write(seq, num_new)
-        batch.seqs.append(seq)
-        batch.num_new.append(num_new)
+        batch.add_chunk(seq, num_new)
         return num_new
 
-    def _schedule_decode(self) -> ScheduledBatch:
-        batch = ScheduledBatch(is_prefill=False)
-        for seq in sorted(self.running, key=_age):
-            if seq not in self.running:
-                continue
-            if self._make_room(seq, 1, batch):
-                batch.copies += self.blocks.prepare_write(seq, 1)
-                batch.seqs.append(seq)
-                batch.num_new.append(1)
-            else:
-                self._give_way(seq, batch)
-        return batch
+    def _add_decode(self, batch: ScheduledBatch, seq: Sequence) -> None:
+        if self._make_room(seq, 1, batch):
+            batch.copies += self.blocks.prepare_write(seq, 1)
+            batch.add_decode(seq)
+        else:
+            self._give_way(seq, batch)
 
     def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Free blocks until writing the next `num_new` tokens of `seq` fits: evict paused

@@ -27,18 +27,25 @@ class AttentionBatch:
     nothing reads). Every new token's K/V is written either way.
     """
 
-    is_prefill: bool
+    is_prefill: bool                        # prompt chunks run in this step (beside decode rows, if num_decode)
     slot_mapping: torch.Tensor              # [tokens] flat KV slot of each new token
     context_lens: list[int]                 # tokens in each sequence's context after this step
     query_lens: list[int]                   # new tokens per sequence
     block_tables: list[list[int]]           # each sequence's blocks
     last_rows: torch.Tensor | None = None   # prefill: the row of each sequence's last new token in the step
     queries: Literal["all", "last"] = "all"
+    num_decode: int = 0                     # the first sequences decode one token each (a mixed step)
     plan: StepPlan | None = None            # set by AttentionBackend.plan
 
     def last_tokens(self) -> AttentionBatch:
         """This batch with only each sequence's last new token querying (a prefill's last layer)."""
         return self if self.queries == "last" else replace(self, queries="last")
+
+    @property
+    def decode_split(self) -> int | None:
+        """In a mixed step, the row where decode rows end and prompt rows begin (among the query rows
+        and among all rows alike: decode rows come first); None in a decode-only or prefill-only step."""
+        return self.num_decode if self.is_prefill and self.num_decode else None
 
     @property
     def query_rows(self) -> torch.Tensor | None:

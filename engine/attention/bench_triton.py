@@ -5,7 +5,8 @@ attention backend on one decode step (`AttentionBackend.forward`: write the new 
 with cascade on and off (`use_cascade`); "plain" is the plan with sharing off. One timed step runs
 every layer, each on its own KV pool, so the caches are not warm from the layer before. Prints JSON:
 times, the KV bytes each path reads per step (theory), the bandwidth that implies, and how far
-cascade's output is from plain.
+cascade's output is from plain. Then one prompt's prefill: a chunk of new tokens over a longer context
+(the rest cached), every layer's prefill attention on the same backends.
 
     python -m engine.attention.bench_triton      # N=8, T=2048/4096/8192; SmolLM2- and Qwen3-8B-like shapes
     python -m engine.attention.bench_triton --tiny  # a tiny size; on CPU it runs the Triton interpreter
@@ -38,6 +39,8 @@ class Shape:
 SHAPES = [Shape("smollm2-135m-like", 9, 3, 64, 30), Shape("qwen3-8b-like", 32, 8, 128, 36)]
 TINY_SHAPE = Shape("tiny", 4, 2, 32, 2)
 BLOCK_SIZE = 16
+PREFILL = (4096, 2048)          # (context, new tokens) of the timed prefill chunk
+TINY_PREFILL = (64, 32)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,8 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     results = [_measure(shape, trunk, agents, suffix, dtype, device, backend, iters, warmup)
                for shape in shapes for trunk in trunks for backend in args.backends]
+    context, new = TINY_PREFILL if args.tiny else PREFILL
+    prefill = [_measure_prefill(shape, context, new, dtype, device, backend, iters, warmup)
+               for shape in shapes for backend in args.backends]
     print(json.dumps({"device": _device_name(device), "dtype": args.dtype, "agents": agents, "suffix": suffix,
-                      "block_size": BLOCK_SIZE, "iters": iters, "results": results}, indent=2))
+                      "block_size": BLOCK_SIZE, "iters": iters, "results": results, "prefill": prefill}, indent=2))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +102,23 @@ def _measure(shape: Shape, trunk: int, agents: int, suffix: int, dtype, device, 
             "paged_gb_s": read["paged"] / times["paged"] / 1e9,
             "cascade_gb_s": read["cascade"] / times["cascade"] / 1e9,
             "max_abs_diff": (outputs["paged"].float() - outputs["cascade"].float()).abs().max().item()}
+
+
+def _measure_prefill(shape: Shape, context: int, new: int, dtype, device, backend: str,
+                     iters: int, warmup: int) -> dict:
+    """One prompt's last `new` tokens over its `context`: every layer writes their K/V and attends."""
+    num_blocks = -(-context // BLOCK_SIZE)
+    kv = KVCache([_pool(shape, num_blocks, dtype, device) for _ in range(shape.layers)], BLOCK_SIZE)
+    attention = select_backend(kv, shape.head_dim ** -0.5, choice=backend)
+    slots = torch.arange(context - new, context, device=device)       # its table is blocks 0, 1, ...
+    batch = AttentionBatch(True, slots, [context], [new], [list(range(num_blocks))])
+    attention.plan(batch)
+    q = torch.randn(new, shape.heads, shape.head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(new, shape.kv_heads, shape.head_dim, dtype=dtype, device=device) for _ in range(2))
+    step = lambda: [attention.forward(q, k, v, layer, batch) for layer in range(shape.layers)]   # noqa: E731
+    seconds = _time(step, iters, warmup, device)
+    return {**asdict(shape), "backend": attention.name, "context": context, "new_tokens": new,
+            "prefill_step_ms": seconds * 1e3, "new_tokens_per_s": new / seconds}
 
 
 def _decode_batch(attention: AttentionBackend, tables: list[list[int]], lengths: list[int], cascade: bool,

@@ -5,8 +5,8 @@ every step's attention into the shared trunk, read once, and each sequence's pri
         private tails: paged_decode_with_lse over plan.decode's private tables  -> out, lse
         each shared prefix: prefix_attention(its rows' queries, its K/V)        -> merged by lse
     prefill (every new token queries):
-        prompts continuing one cached trunk: kernels.cpu.cascade_prefill (kernel sets that do it)
-        the others: causal over their own context (kernels.reference.paged_attention)
+        prompts continuing one cached trunk: the set's cascade_prefill (kernel sets that do it)
+        the others: the set's prefill, causal over their own context
 """
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from engine.attention.base import AttentionBatch
 from engine.attention.kernel_sets import AttentionKernels
 from engine.attention.plan import MIN_PREFIX_TOKENS, DecodePlan, SharedPrefix, StepPlan, plan_decode, plan_prefill
 from engine.kv.cache import KVCache
-from kernels.cpu import cascade_prefill
-from kernels.reference import paged_attention
 
 
 class CascadeBackend:
@@ -40,12 +38,18 @@ class CascadeBackend:
         if not batch.is_prefill:
             batch.plan = StepPlan(decode)
             return
+        d = batch.num_decode
+        decode_rows = None
+        if d:
+            decode_rows = plan_decode(tables[:d], batch.context_lens[:d], block_size, self.device,
+                                      self.min_prefix_tokens)
+        tables, context_lens, query_lens = tables[d:], batch.context_lens[d:], batch.query_lens[d:]
         block_tables = [torch.tensor(table, dtype=torch.long, device=self.device) for table in tables]
         groups = []
-        if self.kernels.cascade_prefill and len(tables) > 1:
-            starts = [context - new for context, new in zip(batch.context_lens, batch.query_lens)]
-            groups = plan_prefill(tables, starts, batch.query_lens, block_size, self.device, self.min_prefix_tokens)
-        batch.plan = StepPlan(decode, block_tables, groups)
+        if self.kernels.cascade_prefill is not None and len(tables) > 1:
+            starts = [context - new for context, new in zip(context_lens, query_lens)]
+            groups = plan_prefill(tables, starts, query_lens, block_size, self.device, self.min_prefix_tokens)
+        batch.plan = StepPlan(decode, block_tables, groups, decode_rows)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 batch: AttentionBatch) -> torch.Tensor:
@@ -54,7 +58,12 @@ class CascadeBackend:
         self.kernels.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         if batch.queries == "last":
             return self._last_tokens(q, k_cache, v_cache, batch.plan.decode)
-        return self._prefill(q, k_cache, v_cache, batch)
+        d = batch.num_decode
+        if not d:
+            return self._prefill(q, k_cache, v_cache, batch)
+        # a mixed step: decode rows attend as they would in a decode-only step, the prompt chunks as in a prefill
+        return torch.cat((self._last_tokens(q[:d], k_cache, v_cache, batch.plan.decode_rows),
+                          self._prefill(q[d:], k_cache, v_cache, batch)))
 
     def _last_tokens(self, q, k_cache, v_cache, plan: DecodePlan) -> torch.Tensor:
         kernels = self.kernels
@@ -63,18 +72,21 @@ class CascadeBackend:
         for prefix in plan.prefixes:
             k, v = prefix_kv(k_cache, prefix), prefix_kv(v_cache, prefix)
             shared_out, shared_lse = kernels.prefix_attention(q[prefix.rows], k, v, self.scale)
+            if prefix.members is not None:   # rows that do not share the prefix take none of it
+                shared_lse = shared_lse.masked_fill(~prefix.members[:, None], float("-inf"))
             merged, _ = kernels.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
             out[prefix.rows] = merged
         return out.to(q.dtype)
 
     def _prefill(self, q, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
-        plan, rows_attention = batch.plan, self.kernels.prefill_rows
+        """The prompt chunks' rows: those after the decode rows."""
+        plan, rows_attention, d = batch.plan, self.kernels.prefill_rows, batch.num_decode
+        context_lens, query_lens = batch.context_lens[d:], batch.query_lens[d:]
         if plan.prefill_groups:
-            return cascade_prefill.prefill_attention(q, k_cache, v_cache, plan.block_tables, batch.context_lens,
-                                                     batch.query_lens, plan.prefill_groups, self.scale, prefix_kv,
-                                                     rows_attention)
-        return paged_attention.prefill_attention(q, k_cache, v_cache, plan.block_tables, batch.context_lens,
-                                                 batch.query_lens, self.scale, rows_attention)
+            return self.kernels.cascade_prefill(q, k_cache, v_cache, plan.block_tables, context_lens, query_lens,
+                                                plan.prefill_groups, self.scale, prefix_kv, rows_attention)
+        return self.kernels.prefill(q, k_cache, v_cache, plan.block_tables, context_lens, query_lens, self.scale,
+                                    rows_attention)
 
 
 def prefix_kv(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernels.cpu import native_attention, sdpa_attention
+from kernels.cpu import cascade_prefill, native_attention, sdpa_attention
 from kernels.reference import cascade_attention, paged_attention
 
 
@@ -20,23 +20,28 @@ class AttentionKernels:
     paged_decode_with_lse: Callable
     prefix_attention: Callable
     merge_attention: Callable
-    cascade_prefill: bool = False   # prompts continuing one cached trunk read it together (CPU)
-    prefill_rows: Callable | None = None   # prefill attention (native_attention.rows_attention); None: SDPA
+    prefill: Callable = paged_attention.prefill_attention   # every new token, causal over its paged context
+    cascade_prefill: Callable | None = None   # prompts continuing one cached trunk read it together; None: not
+    prefill_rows: Callable | None = None   # the CPU prefills' rows kernel (native_attention.rows_attention); None: SDPA
 
 
 REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
                                      cascade_attention.prefix_attention, cascade_attention.merge_attention)
 SDPA_KERNELS = AttentionKernels("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                                 sdpa_attention.prefix_attention, cascade_attention.merge_attention,
-                                cascade_prefill=True)
+                                cascade_prefill=cascade_prefill.prefill_attention)
 NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
                                   native_attention.prefix_attention, native_attention.merge_attention,
-                                  cascade_prefill=True, prefill_rows=native_attention.rows_attention)
+                                  cascade_prefill=cascade_prefill.prefill_attention,
+                                  prefill_rows=native_attention.rows_attention)
 
 
 def triton_kernels() -> AttentionKernels:
     """Built on demand: kernels.triton reads TRITON_INTERPRET as it defines its kernels, and imports triton."""
     from kernels.triton import attention as triton_attention
+    from kernels.triton import prefill as triton_prefill
 
     return AttentionKernels("triton", triton_attention.write_kv, triton_attention.paged_decode_with_lse,
-                            triton_attention.prefix_attention, triton_attention.merge_attention)
+                            triton_attention.prefix_attention, triton_attention.merge_attention,
+                            prefill=triton_prefill.prefill_attention,
+                            cascade_prefill=triton_prefill.cascade_prefill_attention)

@@ -23,6 +23,8 @@ class SharedPrefix:
     first_block: int                # the prefix's blocks are first_block, first_block + 1, ...
     blocks: torch.Tensor | None     # ... or these ids, when they are not consecutive
     num_blocks: int
+    members: torch.Tensor | None = None   # bool, one per row of `rows`: those that read it (None: all); decode
+                                          # graphs (engine.decode_graphs) give every row of a bucket, masked
 
 
 @dataclass(slots=True)
@@ -35,8 +37,9 @@ class DecodePlan:
 @dataclass(slots=True)
 class StepPlan:
     decode: DecodePlan                      # the last-token queries: decode rows, a prefill's last layer
-    block_tables: list[torch.Tensor] = field(default_factory=list)   # prefill: each sequence's blocks
+    block_tables: list[torch.Tensor] = field(default_factory=list)   # prefill: each prompt chunk's blocks
     prefill_groups: list[tuple[list[int], SharedPrefix]] = field(default_factory=list)   # see plan_prefill
+    decode_rows: DecodePlan | None = None   # a mixed step: its decode rows, in the layers where every row queries
 
 
 def plan_decode(tables: list[list[int]], context_lens: list[int], block_size: int,

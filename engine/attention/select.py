@@ -11,9 +11,9 @@
                               triton:     always Triton; on CPU only with TRITON_INTERPRET=1
                                           (the interpreter, slow: for tests)
 
-Prefill attention runs in C with native (kernels/cpu/csrc/rows_attention.c), elsewhere on torch's SDPA;
-with native and sdpa, prompts that continue one cached trunk attend to it together
-(kernels.cpu.cascade_prefill).
+Prefill attention runs in C with native (kernels/cpu/csrc/rows_attention.c), in Triton with triton
+(kernels.triton.prefill), elsewhere on torch's SDPA; with native, sdpa and triton, prompts that continue
+one cached trunk attend to it together (kernels.cpu.cascade_prefill, kernels.triton.prefill).
 """
 from __future__ import annotations
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 def load_model_config(ref: str | ModelSource) -> ModelConfig:
     source = _source(ref)
+    if source.kind == "random":   # engine.loading.random_model: made in memory
+        return source.model_config()
     if source.kind == "hf":
         config = ModelConfig.from_file(source.path / "config.json")
         config.eos_token_ids = _generation_eos(source.path) or config.eos_token_ids
@@ -31,6 +33,8 @@ def load_model_config(ref: str | ModelSource) -> ModelConfig:
 
 def load_tokenizer(ref: str | ModelSource) -> Tokenizer:
     source = _source(ref)
+    if source.kind == "random":
+        return source.tokenizer()
     if source.kind == "hf":
         config = load_model_config(source)
         return Tokenizer.from_hf_folder(source.path, eos_token_ids=config.eos_token_ids)
@@ -48,6 +52,9 @@ def iter_weights(ref: str | ModelSource, keep: "KeepBlocks | None" = None
     """Each parameter under its Hugging Face name, one at a time, so a load holds one in flight. A
     GGUF file's matrices come as their blocks where `keep(name, format, shape)` says so."""
     source = _source(ref)
+    if source.kind == "random":
+        yield from source.weights(keep)
+        return
     if source.kind == "gguf":
         from engine.loading.gguf_file import iter_gguf_weights
         yield from iter_gguf_weights(source.path, keep)

@@ -12,7 +12,7 @@ from engine.loading.named_models import NAMED_MODELS
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     ref: str
-    kind: str  # "gguf" or "hf"
+    kind: str  # "gguf", "hf" or "random" (engine.loading.random_model)
     path: Path
 
     @property
@@ -20,7 +20,9 @@ class ModelSource:
         return self.ref if self.ref in NAMED_MODELS else self.path.name
 
 
-def resolve_model(ref: str) -> ModelSource:
+def resolve_model(ref: str | ModelSource) -> ModelSource:
+    if isinstance(ref, ModelSource):   # already resolved, or made in memory (engine.loading.random_model)
+        return ref
     named = NAMED_MODELS.get(ref)
     if named is not None:
         return ModelSource(ref, "gguf", named.require_path())

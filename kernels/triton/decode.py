@@ -34,9 +34,10 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 @triton.jit
 def _attend_tile(q, k, v, valid, m, l, acc, qk_scale, UPCAST: tl.constexpr):
-    """One online-softmax step: scores of q [M, D] against k [N, D], values v [N, D]."""
+    """One online-softmax step: scores of q [M, D] against k [N, D], values v [N, D]; valid, the keys
+    every row may see [N], or the keys each row may see [M, N] (causal prefill)."""
     s = _dot(q, tl.trans(k), UPCAST) * qk_scale
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_use)

@@ -188,7 +188,7 @@ def _decode_round(engine, workload: Workload, order: tuple[str, str], timings: d
             result = engine.step()
             elapsed = time.perf_counter() - began
             raise_errors(result.finished)
-            if result.new_tokens and not result.prefilled:
+            if result.decode_only:
                 _check_full_batch(len(result.new_tokens), workload.agents)
                 timings[mode].append(elapsed)
                 first_logits = result.logits.float() if first_logits is None else first_logits

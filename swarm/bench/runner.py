@@ -48,7 +48,8 @@ class SwarmRunner:
         self.name = "swarm" if sharing else "swarm_no_sharing"
         self.version = swarm_version()
         self.llm = LLM(options.model, device=options.device, dtype=options.dtype,
-                       kv_budget_tokens=options.largest_kv_tokens, enable_prefix_caching=sharing)
+                       kv_budget_tokens=options.largest_kv_tokens, enable_prefix_caching=sharing,
+                       cuda_graphs=options.graphs)
 
     def run(self, workload: Workload) -> Measurement:
         engine, params = self.llm.engine, SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True)
@@ -78,7 +79,7 @@ class SwarmRunner:
             raise_errors(result.finished)
             for seq, _ in result.new_tokens:
                 first.setdefault(seq.seq_id, ended)
-            if result.new_tokens and not result.prefilled:
+            if result.decode_only:
                 decode_tokens, decode_s = decode_tokens + len(result.new_tokens), decode_s + ended - began
             peak = max(peak, watch.probe(lambda: self.llm.kv_stats().used_bytes))
         return first, peak, decode_tokens, decode_s

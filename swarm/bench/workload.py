@@ -37,6 +37,7 @@ class BenchOptions:
     repeats: int = 1
     seed: int = 0
     busy: int = 0            # --busy K: each measurement again beside K busy-loop processes
+    graphs: bool = True      # --no-graphs: swarm decodes eagerly on a GPU
 
     @property
     def configurations(self) -> list[tuple[int, int]]:

@@ -42,6 +42,7 @@ def bench(
     out: Path = typer.Option(None, "--out", help="Write the results as JSON (schema in the README) here."),
     plot: Path = typer.Option(None, "--plot", help="Write a PNG chart here (needs matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
+    no_graphs: bool = typer.Option(False, "--no-graphs", help="swarm decodes eagerly on a GPU, without CUDA/HIP graphs."),
 ) -> None:
     """Compare swarm with prefix sharing against swarm without it, Hugging Face transformers (batched generate) and llama.cpp (trunk decoded once, then copied to every sequence).
 
@@ -59,7 +60,7 @@ def bench(
     check_output_path("--plot", plot)
     options = BenchOptions(model, comma_ints("--agents", agents), comma_ints("--trunk", trunk), suffix, new_tokens,
                            tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
-                           repeats, seed, busy)
+                           repeats, seed, busy, graphs=not no_graphs)
     if plot is not None:
         from swarm.bench.chart import require_matplotlib
         require_matplotlib()
@@ -80,6 +81,21 @@ def check_output_path(name: str, path: Path | None) -> None:
     """Refuse an output file that cannot be written before the benchmark runs, not after."""
     if path is not None and (path.is_dir() or not path.parent.is_dir()):
         raise BenchError(f"{name}: {path} is a folder, or its folder does not exist; name a file in an existing folder")
+
+
+def run_with_status(run, options):
+    """`run(options, progress)` with its progress on one status line of stderr; its report."""
+    with Console(stderr=True).status("starting") as status:
+        return run(options, lambda what: status.update(what))
+
+
+def write_document(document: dict, out: Path | None, as_json: bool) -> bool:
+    """The JSON to --out, and to stdout with --json; whether the table is still to print."""
+    if out is not None:
+        out.write_text(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(document, indent=2))
+    return not as_json
 
 
 def comma_ints(name: str, raw: str) -> tuple[int, ...]:

@@ -1,7 +1,6 @@
 """`swarm bench-decode`: the progress line and results table around swarm/bench/decode.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import DEFAULT_MODEL
-from swarm.cli.bench import check_output_path, comma_ints
+from swarm.cli.bench import check_output_path, comma_ints, run_with_status, write_document
 from swarm.spec.kv_budget import format_bytes
 
 if TYPE_CHECKING:
@@ -43,13 +42,8 @@ def bench_decode(
 
     check_output_path("--out", out)
     options = DecodeBenchOptions(model, agents, comma_ints("--trunk", trunk), suffix, steps, device, dtype, seed)
-    with Console(stderr=True).status("starting") as status:
-        report = run_decode_bench(options, lambda what: status.update(what))
-    document = report.to_json()
-    if out is not None:
-        out.write_text(json.dumps(document, indent=2) + "\n")
-    if as_json:
-        print(json.dumps(document, indent=2))
+    report = run_with_status(run_decode_bench, options)
+    if not write_document(report.to_json(), out, as_json):
         return
     console = Console()
     console.print(f"[bold]swarm bench-decode[/]: {options.model} on {report.device} ({report.dtype}, "

@@ -39,13 +39,14 @@ def generate(
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
     weights: str = typer.Option("auto", help="auto (a GGUF's own formats, a checkpoint's dtype), float, "
                                              "or q8_0, q5_1, q5_0, q4_1, q4_0 (a checkpoint quantized at load)."),
+    no_graphs: bool = typer.Option(False, "--no-graphs", help="Decode eagerly on a GPU, without CUDA/HIP graphs."),
 ) -> None:
     """Generate text for one prompt, streaming it as it is decoded."""
     from engine import EngineOptions, LLMEngine
     from swarm.server.chat_output import OutputText
 
     params = _params(max_tokens, temperature, top_p, top_k, seed)
-    engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype, weights=weights))
+    engine = LLMEngine(model, EngineOptions(device=device, dtype=dtype, weights=weights, cuda_graphs=not no_graphs))
     tokenizer = engine.tokenizer
     text = prompt
     if chat:

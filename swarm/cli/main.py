@@ -61,6 +61,8 @@ def _register() -> None:
     app.command("bench")(bench_cmd.bench)
     from swarm.cli import bench_decode as bench_decode_cmd
     app.command("bench-decode")(bench_decode_cmd.bench_decode)
+    from swarm.cli import bench_arrival as bench_arrival_cmd
+    app.command("bench-arrival")(bench_arrival_cmd.bench_arrival)
     from swarm.cli import run as run_cmd
     app.command("run")(run_cmd.run)
     from swarm.cli import serve as serve_cmd

@@ -28,6 +28,8 @@ def run(
                                  help="Print summary.json to stdout at the end; progress goes to stderr."),
     out: Path = typer.Option(None, "--out", help="Folder for the run's output, instead of the spec's `out` "
                                                  "(default: runs/ next to the spec).", show_default=False),
+    no_graphs: bool = typer.Option(False, "--no-graphs",
+                                   help="Decode eagerly on a GPU, without CUDA/HIP graphs (the spec's `graphs: false`)."),
 ) -> None:
     """Run a swarm: load the model once, prefill the shared prompt trunk once, and run every agent in one batched decode loop until each gives a final answer or hits a limit.
 
@@ -38,6 +40,8 @@ def run(
     Ctrl-C, or SIGTERM (docker stop, systemd, a CI timeout), stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130 (Ctrl-C) or 143 (SIGTERM). A second signal stops at once. When limits.wall_time cuts agents short, summary.json says "wall_time".
     """
     swarm_spec = load_spec(spec)
+    if no_graphs:
+        swarm_spec.graphs = False
     base = out_folder(swarm_spec, out)
     # Past the spec's own checks: now the modules that import torch and openai (seconds of CPU).
     from swarm.trunk.fit import check_trunk_fits

@@ -25,6 +25,7 @@ class ServeSettings:
     weights: str
     kv_budget_tokens: int | None
     kv_budget_bytes: int | None
+    graphs: bool = True
 
 
 def serve(
@@ -54,6 +55,9 @@ def serve(
                                 help="Ask /v1/* requests for `Authorization: Bearer KEY` (401 otherwise); /health "
                                      "and /metrics stay open. Prefer the SWARM_API_KEY variable: a command "
                                      "line is visible to other users."),
+    no_graphs: bool = typer.Option(False, "--no-graphs",
+                                   help="Decode eagerly on a GPU, without CUDA/HIP graphs. Default: the spec's `graphs`, "
+                                        "else graphs on."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: debug, info, warning, error."),
     as_json: bool = typer.Option(False, "--json", help="Print the ready line as one JSON object."),
 ) -> None:
@@ -65,7 +69,7 @@ def serve(
     """
     _check_log_level(log_level)
     swarm_spec = _load_spec(spec, model) if spec is not None else None
-    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget)
+    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs)
     listener = bind(host, port)
     try:
         _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key)
@@ -100,7 +104,8 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
     engine = LLMEngine(settings.model, EngineOptions(device=settings.device, dtype=settings.dtype,
                                                      weights=settings.weights,
                                                      kv_budget_tokens=settings.kv_budget_tokens,
-                                                     kv_budget_bytes=settings.kv_budget_bytes))
+                                                     kv_budget_bytes=settings.kv_budget_bytes,
+                                                     cuda_graphs=settings.graphs))
     served = ServedModel(name, aliases={settings.model, engine.source.display_name, str(engine.source.path)})
     if spec is not None:
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))
@@ -165,7 +170,7 @@ def _load_spec(path: Path, model: str | None):
 
 
 def _settings(spec, model: str | None, device: str | None, dtype: str | None, weights: str | None,
-              kv_budget: str | None) -> ServeSettings:
+              kv_budget: str | None, no_graphs: bool = False) -> ServeSettings:
     from swarm.spec.kv_budget import parse_kv_budget
 
     budget = spec.kv_budget if spec is not None else None
@@ -181,7 +186,8 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None, we
                          dtype=dtype or (spec.dtype if spec else "auto"),
                          weights=(weights or (spec.weights if spec else "auto")).lower(),
                          kv_budget_tokens=budget.tokens if budget else None,
-                         kv_budget_bytes=budget.bytes if budget else None)
+                         kv_budget_bytes=budget.bytes if budget else None,
+                         graphs=not no_graphs and (spec.graphs if spec else True))
 
 
 def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:

@@ -15,7 +15,15 @@ import time
 from functools import cached_property
 from typing import Callable
 
-from engine import EngineOptions, LLMEngine, SamplingParams, Sequence, StepResult, SwarmError
+from engine import (
+    EngineOptions,
+    KVFloor,
+    LLMEngine,
+    SamplingParams,
+    Sequence,
+    StepResult,
+    SwarmError,
+)
 from swarm.agents.agent import Agent
 from swarm.agents.progress import PartialTurn, Reply, ToolJob, TurnEvent
 from swarm.agents.tool_response import ToolResponseFormat
@@ -26,6 +34,7 @@ from swarm.run.setup import SwarmGround
 from swarm.run.summary import RunInfo, RunTimings
 from swarm.spec.schema import SwarmSpec
 from swarm.trunk.canonical import PromptSet, build_prompts
+from swarm.trunk.fit import stand_in_prompts
 from swarm.trunk.suffix import first_user_message
 
 
@@ -172,7 +181,7 @@ class LocalBackend:
         timings = self.timings
         timings.steps += 1
         timings.step_seconds += seconds
-        if result.new_tokens and not result.prefilled:
+        if result.decode_only:
             timings.decode_steps += 1
             timings.decode_seconds += seconds
             timings.decode_tokens += len(result.new_tokens)
@@ -200,8 +209,20 @@ class LocalBackend:
     def _engine_options(self) -> EngineOptions:
         budget = self.spec.kv_budget
         return EngineOptions(device=self.spec.device, dtype=self.spec.dtype, weights=self.spec.weights,
+                             cuda_graphs=self.spec.graphs,
                              kv_budget_tokens=budget.tokens if budget else None,
-                             kv_budget_bytes=budget.bytes if budget else None)
+                             kv_budget_bytes=budget.bytes if budget else None,
+                             kv_floor=run_kv_floor(self.spec))
+
+
+def run_kv_floor(spec: SwarmSpec) -> KVFloor:
+    """The KV the run cannot start without (the engine fails at start below it): its trunk, as the
+    run will build it, and the longest agent's first prompt after it and its first new token, as
+    swarm.trunk.fit asks of a kv_budget. Later turns that outgrow the pool fail that agent alone."""
+    prompts = stand_in_prompts(spec, spec.out or spec.path.parent)
+    trunk = len(prompts.trunk.token_ids)
+    longest = max(len(agent.prompt_ids) for agent in prompts.agents)
+    return KVFloor(trunk, longest + 1 - trunk)
 
 
 def first_turns(spec: SwarmSpec, ground: SwarmGround, prompts: PromptSet) -> dict[str, FirstTurn]:

@@ -203,6 +203,8 @@ class OpenAIBackend:
         except RemoteError as err:
             self.events.put(TurnEvent(name, "failed", reason="error", error=str(err)))
             return
+        if not reply.pieces:   # an empty reply (the first token ended it): its prompt was computed all the same
+            self.events.put(TurnEvent(name, "prefilled"))
         conversation.reply, conversation.finished = None, reply
         self.events.put(TurnEvent(name, "turn_end", reply=Reply(
             reply.content, reply.finish_reason, reply.tokens, prompt_tokens=reply.prompt_tokens,

@@ -1,28 +1,28 @@
 """The KV budget a card leaves once the weights and the runtime have their share (`inspect-prefix --card`):
 
     KV budget       = card - weights - runtime reserve
-    runtime reserve = RUNTIME_RESERVE_BYTES (1 GiB: the GPU driver's context with torch's and the BLAS
-                      libraries' kernels loaded, the Triton and BLAS workspaces, the caching allocator's
-                      fragmentation, a few sequences' float32 logits)
+    runtime reserve = RUNTIME_RESERVE_BYTES (1 GiB, engine.options: the GPU driver's context with the
+                      kernels loaded, workspaces, fragmentation, logits; the engine reserves the same)
                     + the activations of one prefill step (the engine's max_num_batched_tokens, 2,048):
                       tokens x (2 x hidden + 3 x intermediate + 2 x (q width + 2 x kv width)) x dtype bytes
 
-The activation term is what one step holds beside the weights and the KV pool at its peak: the
-residual stream and its normed copy (2 x hidden), the MLP's gate, up and their product
-(3 x intermediate), and q, k, v with their rotated copies (2 x (q + 2 x kv width)). Nothing holds
-every layer's activations at once: a layer's are freed before the next one's are made.
+The activation term estimates from the config what the engine measures at start (engine.kv.sizing's
+profile step): what one step holds beside the weights and the KV pool at its peak, the residual
+stream and its normed copy (2 x hidden), the MLP's gate, up and their product (3 x intermediate),
+and q, k, v with their rotated copies (2 x (q + 2 x kv width)). Nothing holds every layer's
+activations at once: a layer's are freed before the next one's are made. It leaves out what
+attention materializes over a long context, which the engine's profile counts.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine import RUNTIME_RESERVE_BYTES
 from swarm.spec.kv_budget import format_bytes
 
 if TYPE_CHECKING:
     from engine import ModelConfig, WeightMemory
-
-RUNTIME_RESERVE_BYTES = 2**30
 
 
 class CardTooSmall(ValueError):

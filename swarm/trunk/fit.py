@@ -5,6 +5,7 @@ too small is a spec error (exit 2) instead of a run that fails after loading the
 from __future__ import annotations
 
 import warnings
+from datetime import datetime
 from pathlib import Path
 
 from engine import EngineOptions, SpecError, load_model_config, load_tokenizer, pick_device, pick_dtype
@@ -37,8 +38,9 @@ def check_trunk_fits(spec: SwarmSpec, out: Path) -> None:
 
 def stand_in_prompts(spec: SwarmSpec, out: Path) -> PromptSet:
     """The prompts a run will build; the run's workspace copies do not exist yet, so paths of the
-    same shape stand in for them (they change an agent's suffix by a token or so at most)."""
-    run_dir = out / f"{spec.path.stem.removesuffix('.yaml')}-00000000-000000"
+    same shape stand in for them, named for this second as the run's folder will be (a tokenizer
+    merges runs of zeros, so a dummy timestamp could be tokens shorter than the real one)."""
+    run_dir = out / f"{spec.path.stem.removesuffix('.yaml')}-{datetime.now():%Y%m%d-%H%M%S}"
     environments = {agent.name: Environment.detect(_agent_cwd(spec, run_dir, agent.name)) for agent in spec.agents}
     source = trunk_source(load_harness(spec.harness), spec)
     return build_prompts(load_tokenizer(spec.model), source, spec.agents, environments)

@@ -1,7 +1,26 @@
+import os
+
 import pytest
 
+from engine.gpu_check.suites import DTYPE_ENV
 from tests.helpers.tiny_gguf import smollm2_or_skip
 from tests.helpers.tiny_models import VARIANTS, make_tiny_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def auto_dtype_from_environment():
+    """SWARM_TEST_DTYPE=float32 makes dtype "auto" mean float32 in every engine these tests build: the
+    GPU check (engine.gpu_check.suites) reruns the equivalence tests so where bfloat16 flips a near-tie."""
+    name = os.environ.get(DTYPE_ENV)
+    if not name:
+        yield
+        return
+    from engine import llm_engine
+
+    real = llm_engine.pick_dtype
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llm_engine, "pick_dtype", lambda dtype, device: real(name if dtype == "auto" else dtype, device))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
+from tests.helpers.kernel_calls import count_cascade_prefills
 
 BLOCK = 16
 
@@ -41,18 +42,39 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
     assert all(o.num_cached_tokens == 0 for o in without)
 
 
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_prompts_arriving_beside_decoding_agents_run_in_mixed_steps_with_the_tokens_they_get_alone(
+        tiny_model_dir, variant):
+    from engine.llm_engine import EngineOptions, LLMEngine
+
+    folder = str(tiny_model_dir(variant))
+    _, prompts = swarm_prompts(trunk_len=77, suffix_len=40, agents=4, seed=3)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    engine = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, mixed_step_tokens=24))
+    first = engine.add_request(prompts[0], params)
+    while first.num_output_tokens < 2:
+        engine.step()
+    later = [engine.add_request(p, params) for p in prompts[1:]]
+    mixed_steps = 0
+    while not all(s.is_finished for s in [first, *later]):
+        result = engine.step()
+        mixed_steps += bool(result.prompt_tokens and any(seq is first for seq, _ in result.new_tokens))
+    assert mixed_steps >= 3, "the later prompts were not computed in chunks beside the decoding agent"
+    alone = LLM(folder, kv_budget_tokens=4096, enable_prefix_caching=False)
+    assert [s.output_token_ids for s in [first, *later]] == [alone.generate([p], params)[0].token_ids
+                                                             for p in prompts]
+
+
 @pytest.mark.parametrize("backend_name", ["sdpa", "native"])
 def test_the_engine_prefills_suffixes_after_a_cached_trunk_by_cascade_on_each_cpu_backend(
         backend_name, monkeypatch, tiny_model_dir):
     from engine.attention.select import BACKEND_ENV
-    from kernels.cpu import cascade_prefill, native_attention
+    from kernels.cpu import native_attention
 
     if backend_name == "native" and not native_attention.available():
         pytest.skip("no C compiler here")
     monkeypatch.setenv(BACKEND_ENV, backend_name)
-    calls = []
-    real = cascade_prefill.prefill_attention
-    monkeypatch.setattr(cascade_prefill, "prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_cascade_prefills(monkeypatch, backend_name)
     trunk = list(range(4, 100))
     prompts = [trunk + [200 + i, 7, 8] for i in range(3)]
     params = SamplingParams(max_tokens=3, ignore_eos=True)

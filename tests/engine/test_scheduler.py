@@ -60,15 +60,41 @@ def test_a_decoding_request_is_not_failed_by_a_big_prompt_that_arrives(folder):
     assert b.output_token_ids == alone(folder, b_prompt, b_params, kv_budget_tokens=1472)
 
 
+def test_agents_decode_in_every_step_while_a_prompt_is_prefilled_beside_them_in_chunks(folder):
+    """Mixed steps: a newcomer's prompt rides beside the decode rows, a chunk a step under the mixed
+    budget, and every running agent gets a token in every one of those steps; all get the tokens
+    they get alone."""
+    options = {"kv_budget_tokens": 64 * BLOCK, "mixed_step_tokens": 48}
+    engine = LLMEngine(folder, EngineOptions(**options))
+    prompts = [random_prompt(30 + i, seed=20 + i) for i in range(4)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    agents = [engine.add_request(p, params) for p in prompts]
+    while any(a.num_output_tokens < 3 for a in agents):
+        engine.step()
+    newcomer_prompt = random_prompt(300, seed=30)
+    newcomer = engine.add_request(newcomer_prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    chunks = []
+    while newcomer.num_output_tokens == 0:
+        before, outputs = newcomer.num_computed_tokens, [a.num_output_tokens for a in agents]
+        engine.step()
+        chunks.append(newcomer.num_computed_tokens - before)
+        assert [a.num_output_tokens for a in agents] == [n + 1 for n in outputs], "an agent waited a step"
+    assert sum(chunks) == len(newcomer_prompt) and max(chunks) == 48 - len(agents)
+    run_to_end(engine, agents + [newcomer])
+    for seq, prompt in zip(agents + [newcomer], prompts + [newcomer_prompt]):
+        assert seq.output_token_ids == alone(folder, prompt, seq.params, kv_budget_tokens=64 * BLOCK)
+
+
 def test_a_prompt_stuck_mid_prefill_gives_way_and_is_recomputed_with_its_own_tokens(folder):
-    """B's prompt is computed in chunks; the pool runs dry half way while the older A still holds
-    blocks: B gives its blocks back, waits, and is recomputed (mostly from the cache) once A is done."""
+    """B's prompt fits beside A when it arrives and is computed in chunks beside A's decoding; A
+    grows, the pool runs dry half way, and the younger B gives its blocks back to the older A, waits,
+    and is recomputed (mostly from the cache) once A is done."""
     options = {"kv_budget_tokens": 30 * BLOCK, "max_num_batched_tokens": 64}
     engine = LLMEngine(folder, EngineOptions(**options))
     a_prompt, b_prompt = random_prompt(20, seed=3), random_prompt(440, seed=4)
     a_params, b_params = SamplingParams(max_tokens=60, ignore_eos=True), SamplingParams(max_tokens=8, ignore_eos=True)
     a = engine.add_request(a_prompt, a_params)
-    while a.num_output_tokens < 30:
+    while a.num_output_tokens < 10:   # A's 30 tokens take 2 blocks, B's 440 the other 28
         engine.step()
     b = engine.add_request(b_prompt, b_params)
     b_computed = []
@@ -124,10 +150,10 @@ class Arrival:
 
 
 class ShadowEngine:
-    def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, mixed_step_tokens: int):
         self.pool = BlockPool(num_blocks, SMALL_BLOCK)
         self.blocks = BlockManager(self.pool)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, mixed_step_tokens)
         self.slots: dict[tuple[int, int], int] = {}
 
     def add(self, arrival: Arrival) -> Sequence:
@@ -149,11 +175,11 @@ class ShadowEngine:
                 if (copy.src, offset) in self.slots:
                     self.slots[(copy.dst, offset)] = self.slots[(copy.src, offset)]
         finished = list(batch.failed)
-        for seq, num_new in zip(batch.seqs, batch.num_new):
+        for row, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new)):
             self._write(seq, num_new)
-            if batch.is_prefill and seq.num_uncomputed_tokens:
+            if seq.num_uncomputed_tokens:
                 continue
-            if batch.is_prefill:
+            if not batch.is_decode_row(row):
                 self.scheduler.prompt_done(seq)
             seq.token_ids.append(self._next_token(seq))
             if seq.num_output_tokens >= seq.params.max_tokens:
@@ -182,8 +208,9 @@ def kv_tokens(arrival: Arrival) -> int:
     return len(arrival.prompt) + extra + turns * arrival.max_tokens - 1
 
 
-def simulate(arrivals: list[Arrival], num_blocks: int, max_num_seqs: int, budget: int) -> list[Sequence]:
-    engine = ShadowEngine(num_blocks, max_num_seqs, budget)
+def simulate(arrivals: list[Arrival], num_blocks: int, max_num_seqs: int, budget: int,
+             mixed_budget: int | None = None) -> list[Sequence]:
+    engine = ShadowEngine(num_blocks, max_num_seqs, budget, mixed_budget or budget)
     seqs: list[Sequence | None] = [None] * len(arrivals)
     resumes: dict[int, int] = {}   # request index -> step it is extended at
     for step in range(2000):
@@ -212,11 +239,12 @@ arrivals = st.builds(Arrival, step=st.integers(0, 30), prompt=st.builds(lambda t
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(st.lists(arrivals, min_size=1, max_size=6), st.integers(4, 12), st.integers(1, 4), st.integers(1, 16))
+@given(st.lists(arrivals, min_size=1, max_size=6), st.integers(4, 12), st.integers(1, 4), st.integers(1, 16),
+       st.integers(1, 16))
 def test_whatever_the_arrival_order_each_request_that_fits_alone_completes_as_alone(
-        requests, num_blocks, max_num_seqs, budget):
+        requests, num_blocks, max_num_seqs, budget, mixed_budget):
     fits = [-(-kv_tokens(r) // SMALL_BLOCK) + 1 <= num_blocks for r in requests]
-    together = simulate(requests, num_blocks, max_num_seqs, budget)
+    together = simulate(requests, num_blocks, max_num_seqs, budget, mixed_budget)
     for request, seq, fit in zip(requests, together, fits):
         if not fit:
             continue

@@ -13,6 +13,8 @@ def test_the_tiny_run_reads_the_trunk_once_with_cascade_and_gives_plain_attentio
     bench_triton.main(["--tiny"])
     report = json.loads(capsys.readouterr().out)
     assert [r["backend"] for r in report["results"]] == ["triton", "torch"]
+    assert [(r["backend"], r["context"], r["new_tokens"]) for r in report["prefill"]] == [("triton", 64, 32),
+                                                                                        ("torch", 64, 32)]
     for result in report["results"]:
         # 2 agents at 64 + 8 and 64 + 9 tokens; a token's K and V: 2 x 2 layers x 2 KV heads x 32 x 2 bytes = 512
         assert result["paged_bytes_per_step"] == (72 + 73) * 512

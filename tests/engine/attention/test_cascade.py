@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.attention.base import AttentionBatch
+from engine.attention.plan import DecodePlan, SharedPrefix, StepPlan
 from engine.attention.select import select_backend
 from engine.kv.cache import KVCache
 from kernels.cpu import native_attention
@@ -72,14 +73,16 @@ def test_a_decode_step_attends_as_the_reference_and_writes_its_kv(kernels, casca
 
 
 @pytest.mark.parametrize("trunk", TRUNKS.values(), ids=TRUNKS.keys())
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "plain"])
 @pytest.mark.parametrize("kernels", KERNEL_SETS)
-def test_a_prefill_over_a_cached_trunk_attends_as_the_reference_for_every_token_and_the_last(kernels, trunk):
+def test_a_prefill_over_a_cached_trunk_attends_as_the_reference_for_every_token_and_the_last(kernels, cascade, trunk):
     kv = pool()
     attention = select_backend(kv, SCALE, choice=kernels)
+    attention.use_cascade(cascade)
     tables = [trunk + [10], trunk + [11], trunk + [12, 13], [30]]   # three continue the trunk, one is alone
     batch = step(tables, [86, 90, 100, 5], [6, 10, 20, 5])
     attention.plan(batch)
-    cascade_prefill = kernels in ("sdpa", "native")
+    cascade_prefill = cascade and kernels != "torch"
     assert [seqs for seqs, _ in batch.plan.prefill_groups] == ([[0, 1, 2]] if cascade_prefill else [])
     tokens = sum(batch.query_lens)
     q, k, v = random_tensor(tokens, HEADS, DIM, seed=20), random_tensor(tokens, KV_HEADS, DIM, seed=21), \
@@ -90,3 +93,26 @@ def test_a_prefill_over_a_cached_trunk_attends_as_the_reference_for_every_token_
     assert last.queries == "last" and batch.queries == "all" and last.query_rows.tolist() == [5, 15, 35, 40]
     got = attention.forward(q[last.query_rows], k, v, 0, last)
     torch.testing.assert_close(got, want[last.query_rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", KERNEL_SETS)
+def test_a_padded_decode_batch_reads_the_prefix_for_its_members_only_and_pads_harmlessly(kernels):
+    """A decode step as a graph runs it (engine.decode_graphs): the prefix read for every row of the bucket,
+    `members` masking the row that does not share it, and a padded row of length 0 that writes a scratch block."""
+    kv = pool()
+    attention = select_backend(kv, SCALE, choice=kernels)
+    trunk, scratch_block = TRUNKS["consecutive"], 39
+    real = step([trunk + [10, 11], [20, 21], trunk + [12]], [100, 25, 90], [1, 1, 1], queries="last")
+    q, k, v = random_tensor(4, HEADS, DIM, seed=30), random_tensor(4, KV_HEADS, DIM, seed=31), \
+        random_tensor(4, KV_HEADS, DIM, seed=32)
+    want = expected(kv, 1, q[:3], k[:3], v[:3], real)
+    before = kv.layers[1][0].clone()
+    prefix = SharedPrefix(slice(0, 4), trunk[0], None, len(trunk), torch.tensor([True, False, True, True]))
+    plan = DecodePlan([prefix], torch.tensor([[10, 11], [20, 21], [12, 0], [0, 0]]), torch.tensor([20, 25, 10, 0]))
+    slots = torch.cat((real.slot_mapping, torch.tensor([scratch_block * BLOCK])))
+    got = attention.forward(q, k, v, 1, AttentionBatch(False, slots, [], [1] * 4, [], queries="last",
+                                                       plan=StepPlan(plan)))
+    torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(got[3]).all()
+    changed = (kv.layers[1][0] != before).flatten(1).any(1).nonzero().flatten().tolist()
+    assert changed == sorted({11, 21, 12, scratch_block})   # the real rows' blocks and the scratch block

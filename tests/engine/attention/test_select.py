@@ -9,6 +9,7 @@ from engine import LLM, SamplingParams
 from engine.attention.select import BACKEND_ENV, AttentionBackendError, select_backend
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache
+from tests.helpers.kernel_calls import count_cascade_prefills
 from tests.helpers.tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
@@ -56,12 +57,7 @@ def test_engine_on_triton_kernels_gives_the_same_greedy_tokens_and_logits(tmp_pa
     real_prefix_attention = triton_attention.prefix_attention
     monkeypatch.setattr(triton_attention, "prefix_attention",
                         lambda *args, **kw: shared_calls.append(1) or real_prefix_attention(*args, **kw))
-    from kernels.cpu import cascade_prefill
-
-    shared_prefills = []
-    real_prefill = cascade_prefill.prefill_attention
-    monkeypatch.setattr(cascade_prefill, "prefill_attention",
-                        lambda *args, **kw: shared_prefills.append(1) or real_prefill(*args, **kw))
+    shared_prefills = count_cascade_prefills(monkeypatch, "sdpa")
     folder = str(make_tiny_model(tmp_path / "llama", "llama"))
     runs = {}
     names = ("torch", "triton", "sdpa", "native") if DEVICE.type == "cpu" else ("torch", "triton")

@@ -72,7 +72,9 @@ def test_busy_runs_are_reported_beside_the_quiet_ones(bench_run):
             quiet = config["systems"][name]
             busy = quiet["busy"]
             assert set(busy) == BUSY_FIELDS and (busy["processes"], busy["status"]) == (1, "ok"), busy
-            assert busy["decode_tokens"] == quiet["decode_tokens"]
+            # the quiet run computes the trunk and the busy one finds it cached, so their first steps differ:
+            # a suffix computed beside a decoding agent makes that step a mixed one, not counted as decode
+            assert 0 < busy["decode_tokens"] <= config["agents"] * G
             assert busy["decode_over_quiet"] == pytest.approx(busy["decode_tok_s"] / quiet["decode_tok_s"])
             assert busy["wall_over_quiet"] == pytest.approx(busy["wall_s"] / quiet["wall_s"])
             assert busy["matches_quiet"] == 1.0   # the same greedy tokens, busy or not

@@ -29,7 +29,8 @@ def run_dirs(folder):
 
 
 def test_json_run_writes_transcripts_and_summary(tmp_path, model):
-    spec = write_run_spec(tmp_path, model, agents=2, max_tokens=24)
+    # greedy: both agents' turns last as long whatever a sampler draws, so their KV overlaps
+    spec = write_run_spec(tmp_path, model, agents=2, max_tokens=24, temperature=0.0)
     process = swarm("run", spec, "--json")
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr

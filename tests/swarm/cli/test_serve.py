@@ -9,11 +9,12 @@ import openai
 import pytest
 
 from swarm.cli.main import main
-from swarm.cli.serve import bind
+from swarm.cli.serve import _settings, bind
 from swarm.spec.tool_schema import canonical_tools
 from swarm.trunk.canonical import tools_block
 from tests.helpers.runs import TINY_HARNESS, tiny_model, tiny_tokenizer, write_run_spec
 from tests.helpers.serving import metric, parse_metrics, serve_cli
+from tests.helpers.spec_files import MINIMAL, load
 
 BLOCK_SIZE = 16
 
@@ -138,3 +139,9 @@ def test_swarm_api_key_from_the_environment_guards_the_api(model_dir):
         keyed = httpx.get(info["url"] + "/models", headers={"Authorization": "Bearer k-123"})
         assert keyed.status_code == 200 and keyed.json()["data"][0]["id"] == info["model"]
         assert httpx.get(info["url"].removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_no_graphs_or_the_specs_graphs_false_serve_with_eager_decode(tmp_path):
+    assert _settings(None, "m", None, None, None, None).graphs is True
+    assert _settings(None, "m", None, None, None, None, no_graphs=True).graphs is False
+    assert _settings(load(tmp_path, MINIMAL + "graphs: false\n"), None, None, None, None, None).graphs is False

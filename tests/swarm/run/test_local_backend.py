@@ -2,10 +2,11 @@
 from safetensors import safe_open
 
 from engine.llm_engine import EngineOptions, LLMEngine
-from swarm.run.local_backend import LocalBackend
+from swarm.run.local_backend import LocalBackend, run_kv_floor
 from swarm.run.memory import MemorySnapshot, RunMemory
 from swarm.run.summary import RunInfo, RunTimings, build_summary
 from swarm.spec.schema import load_spec
+from swarm.trunk.fit import stand_in_prompts
 from tests.helpers.runs import tiny_model, write_run_spec
 
 
@@ -31,3 +32,13 @@ def _numel(shape: list[int]) -> int:
     for size in shape:
         count *= size
     return count
+
+
+def test_the_run_asks_the_engine_for_its_trunk_and_the_longest_first_prompt_after_it(tmp_path):
+    model = tiny_model(tmp_path)
+    spec = load_spec(write_run_spec(tmp_path / "run", model, agents=2))
+    floor = run_kv_floor(spec)
+    prompts = stand_in_prompts(spec, spec.out or spec.path.parent)
+    assert floor.trunk_tokens == len(prompts.trunk.token_ids) > 0
+    longest = max(len(agent.prompt_ids) for agent in prompts.agents)
+    assert floor.trunk_tokens + floor.agent_tokens == longest + 1 > floor.trunk_tokens

@@ -34,6 +34,11 @@ def test_weights_default_to_auto_and_a_checkpoint_may_be_quantized_at_load(tmp_p
     assert load(tmp_path, MINIMAL.replace("smollm2-135m-instruct", "checkpoint") + "weights: q8_0\n").weights == "q8_0"
 
 
+def test_decode_graphs_default_on_and_graphs_false_turns_them_off(tmp_path):
+    assert load(tmp_path, MINIMAL).graphs is True
+    assert load(tmp_path, MINIMAL + "graphs: false\n").graphs is False
+
+
 def test_auto_kv_budget_is_no_budget(tmp_path):
     assert load(tmp_path, MINIMAL + "kv_budget: auto\n").kv_budget is None
     assert load(tmp_path, MINIMAL + "kv_budget: 20000\n").kv_budget.tokens == 20000
@@ -60,6 +65,7 @@ def test_lines_of_extra_rules_are_recorded(tmp_path):
     (MINIMAL.replace("smollm2-135m-instruct", "no-such-model"), 1, "model", "not found"),
     (MINIMAL + "harness: coding-agnt\n", 4, "harness", "did you mean 'coding-agent'"),
     (MINIMAL + "kv_budget: 8 parsecs\n", 4, "kv_budget", "unknown unit"),
+    (MINIMAL + "graphs: sometimes\n", 4, "graphs", "expected true or false"),
     (MINIMAL + "workspace: {path: ., mode: cpy}\n", 4, "workspace.mode", "did you mean 'copy'"),
     (MINIMAL + "model: other\n", 4, "model", "duplicate key"),
     (MINIMAL + "extra_tools:\n  - {name: 'bad name!'}\n", 5, "extra_tools[0]", "must be 1-64 letters"),

@@ -1,0 +1,3 @@
+from engine.gpu_check.cli import main
+
+raise SystemExit(main())
