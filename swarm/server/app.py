@@ -1,9 +1,8 @@
-"""The HTTP routes of `swarm serve`: OpenAI's chat and completions API on one shared engine.
+"""The HTTP app of `swarm serve`: every API's routes on one shared engine (swarm/server/generation.py).
 
     GET  /health                 200 while the engine loop runs
     GET  /v1/models              the one model served
-    POST /v1/chat/completions    messages + tools -> a reply or tool calls; stream or not
-    POST /v1/completions         a prompt (text or token ids) -> text; stream or not
+    POST /v1/chat/completions    OpenAI chat, and /v1/completions (swarm/server/openai_routes.py)
     GET  /metrics                Prometheus: KV memory, sharing, prefix hits, requests, tokens
 
 Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "param", "code"}}`.
@@ -15,37 +14,22 @@ prompt fits the context and the KV blocks the pinned trunk leaves it.
 from __future__ import annotations
 
 import hmac
-import json
-import logging
-import time
-import uuid
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine import AsyncEngine, Tokenizer
-from swarm.server.chat_output import OutputText
+from engine import AsyncEngine
 from swarm.server.chat_prompt import ChatPrompter
+from swarm.server.generation import Limits, ServeContext
 from swarm.server.metrics import ReplyCounts, metrics_registry
-from swarm.server.protocol import (
-    ApiError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    error_body,
-    utf8_text,
-)
-from swarm.server.responses import ClientGone, Job, generate_all, generate_events
+from swarm.server.openai_routes import add_openai_routes
+from swarm.server.protocol import ApiError, error_body
 from swarm.server.served_model import ServedModel
-
-log = logging.getLogger("swarm.serve")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Bodies above this get a 413: far more text than any context holds, little enough to parse."""
@@ -58,11 +42,10 @@ def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = Non
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # inside the key check: its errors reach ours
     if api_key:
         _require_key(app, api_key)
-    limits = _Limits.of(engine)
     tokenizer = engine.engine.tokenizer
-    prompter = ChatPrompter(tokenizer)
-    replies = ReplyCounts()
-    registry = metrics_registry(engine, model, replies)
+    ctx = ServeContext(engine, model, Limits.of(engine), tokenizer, ChatPrompter(tokenizer), ReplyCounts())
+    registry = metrics_registry(engine, model, ctx.replies)
+    add_openai_routes(app, ctx)
 
     @app.get("/health")
     async def health():
@@ -73,114 +56,14 @@ def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = Non
     @app.get("/v1/models")
     async def models():
         card = {"id": model.name, "object": "model", "created": model.created, "owned_by": "swarm",
-                "max_model_len": limits.context}
+                "max_model_len": ctx.limits.context}
         return {"object": "list", "data": [card]}
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check(body, model)
-        prompt = await run_in_threadpool(prompter.build, body.messages, body.tools, body.tool_choice)
-        output = OutputText(tokenizer, body.stop_strings(), prompt.parse_tool_calls)
-        job = await _job(engine, body, limits, prompt.token_ids, "messages", output, replies, chat=True)
-        return await _answer(engine, job, body.stream, request)
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        _check(body, model)
-        ids = await run_in_threadpool(_completion_ids, body.single_prompt(), tokenizer, limits)
-        output = OutputText(tokenizer, body.stop_strings(), tool_calls=False)
-        job = await _job(engine, body, limits, ids, "prompt", output, replies, chat=False)
-        return await _answer(engine, job, body.stream, request)
 
     @app.get("/metrics")
     def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-@dataclass(slots=True)
-class _Limits:
-    context: int
-    kv_tokens: int
-    vocab_size: int
-
-    @classmethod
-    def of(cls, engine: AsyncEngine) -> "_Limits":
-        llm = engine.engine
-        return cls(llm.config.max_position_embeddings, llm.kv_capacity_tokens, llm.config.vocab_size)
-
-    async def room(self, engine: AsyncEngine, prompt_ids: list[int], param: str) -> int:
-        """How many tokens may follow the prompt; a 400 before any compute when it alone does not fit."""
-        prompt = len(prompt_ids)
-        if prompt >= self.context:
-            raise ApiError(400, f"this model's maximum context length is {self.context} tokens, and the "
-                                f"{param} have {prompt}; shorten them", param=param, code="context_length_exceeded")
-        held = await engine.max_request_tokens(prompt_ids)
-        if prompt >= held:
-            raise ApiError(400, self._kv_full(prompt, held, param), param=param, code="context_length_exceeded")
-        return min(self.context, held) - prompt
-
-    def _kv_full(self, prompt: int, held: int, param: str) -> str:
-        pinned = self.kv_tokens - held
-        pool = (f"the pool holds {self.kv_tokens} tokens and the pinned trunk keeps {pinned} of them (a prompt "
-                "that starts with the trunk shares those)") if pinned else f"the pool holds {self.kv_tokens} tokens"
-        return (f"the {param} have {prompt} tokens, but at most {held - 1} fit in this server's KV cache: {pool}; "
-                "shorten them or restart with a larger --kv-budget")
-
-    def check_token_ids(self, ids: list) -> list[int]:
-        bad = next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ApiError(400, f"prompt: token ids must be integers from 0 to {self.vocab_size - 1}; item {bad} "
-                                f"is {json.dumps(ids[bad])}", param="prompt")
-        return ids
-
-
-def _completion_ids(prompt: str | list, tokenizer: Tokenizer, limits: _Limits) -> list[int]:
-    if isinstance(prompt, str):
-        return tokenizer.encode(utf8_text(prompt, "prompt"), add_special_tokens=True)
-    return limits.check_token_ids(prompt)
-
-
-def _check(body: GenerationRequest, model: ServedModel) -> None:
-    if body.model not in model.aliases | {model.name}:
-        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model.name!r}",
-                       param="model", code="model_not_found")
-    body.check_supported()
-
-
-async def _job(engine: AsyncEngine, body: GenerationRequest, limits: _Limits, prompt_ids: list[int],
-               param: str, output: OutputText, replies: ReplyCounts, chat: bool) -> Job:
-    room = await limits.room(engine, prompt_ids, param)
-    wanted = body.requested_max_tokens()
-    try:  # more than fits, or none asked: up to what fits, ending with "length" (as llama.cpp does)
-        params = body.sampling_params(min(wanted or room, room))
-    except ValueError as err:
-        raise ApiError(400, str(err)) from None
-    prefix = "chatcmpl" if chat else "cmpl"
-    return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, prompt_ids, params, output,
-               body.include_usage, chat, on_finish=replies.add)
-
-
-class _EventStream(StreamingResponse):
-    """Closes its events however the response ends, so a client that left cancels its request now."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
-
-
-async def _answer(engine: AsyncEngine, job: Job, stream: bool, request: Request) -> Response:
-    if stream:
-        return _EventStream(generate_events(engine, job), media_type="text/event-stream",
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        return JSONResponse(await generate_all(engine, job, request))
-    except ClientGone:
-        log.info("client of %s went away; request cancelled", job.request_id)
-        return Response(status_code=499)
 
 
 class _BodyLimit:

@@ -1,0 +1,129 @@
+"""What every API of `swarm serve` shares: the serving context, the request limits, and the
+generation job each route starts and answers (its body is the API's own; the engine work is one).
+
+    route:   body -> ChatInputs (messages, tools, tool_choice)       the API's converter
+             ctx.prompter.build(...) -> prompt ids                     one rendering for every API
+             start_job(ctx, body, ...) -> Job; answer(...) -> reply   or the API's own shapes
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine import AsyncEngine, Tokenizer
+from swarm.server.chat_output import OutputText
+from swarm.server.chat_prompt import ChatPrompter
+from swarm.server.metrics import ReplyCounts
+from swarm.server.protocol import ApiError, ChatMessage, GenerationRequest
+from swarm.server.responses import ClientGone, Job, generate_all, generate_events
+from swarm.server.served_model import ServedModel
+
+log = logging.getLogger("swarm.serve")
+
+
+@dataclass(slots=True)
+class ChatInputs:
+    """A conversation as every API converts it, before rendering: swarm's chat messages, the tools
+    offered (OpenAI function-tool dicts) and the tool choice."""
+
+    messages: list[ChatMessage]
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+
+@dataclass(slots=True)
+class ServeContext:
+    """The one engine and model every route serves, and what the routes share."""
+
+    engine: AsyncEngine
+    model: ServedModel
+    limits: Limits
+    tokenizer: Tokenizer
+    prompter: ChatPrompter
+    replies: ReplyCounts
+
+
+@dataclass(slots=True)
+class Limits:
+    context: int
+    kv_tokens: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, engine: AsyncEngine) -> "Limits":
+        llm = engine.engine
+        return cls(llm.config.max_position_embeddings, llm.kv_capacity_tokens, llm.config.vocab_size)
+
+    async def room(self, engine: AsyncEngine, prompt_ids: list[int], param: str) -> int:
+        """How many tokens may follow the prompt; a 400 before any compute when it alone does not fit."""
+        prompt = len(prompt_ids)
+        if prompt >= self.context:
+            raise ApiError(400, f"this model's maximum context length is {self.context} tokens, and the "
+                                f"{param} have {prompt}; shorten them", param=param, code="context_length_exceeded")
+        held = await engine.max_request_tokens(prompt_ids)
+        if prompt >= held:
+            raise ApiError(400, self._kv_full(prompt, held, param), param=param, code="context_length_exceeded")
+        return min(self.context, held) - prompt
+
+    def _kv_full(self, prompt: int, held: int, param: str) -> str:
+        pinned = self.kv_tokens - held
+        pool = (f"the pool holds {self.kv_tokens} tokens and the pinned trunk keeps {pinned} of them (a prompt "
+                "that starts with the trunk shares those)") if pinned else f"the pool holds {self.kv_tokens} tokens"
+        return (f"the {param} have {prompt} tokens, but at most {held - 1} fit in this server's KV cache: {pool}; "
+                "shorten them or restart with a larger --kv-budget")
+
+    def check_token_ids(self, ids: list) -> list[int]:
+        bad = next((i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: token ids must be integers from 0 to {self.vocab_size - 1}; item {bad} "
+                                f"is {json.dumps(ids[bad])}", param="prompt")
+        return ids
+
+
+def check_model(body: GenerationRequest, model: ServedModel) -> None:
+    if body.model not in model.aliases | {model.name}:
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model.name!r}",
+                       param="model", code="model_not_found")
+    body.check_supported()
+
+
+async def start_job(ctx: ServeContext, body: GenerationRequest, prompt_ids: list[int], param: str,
+                    output: OutputText, chat: bool) -> Job:
+    """The job for `prompt_ids`: a 400 before any compute when they do not fit; `max_tokens` above what
+    fits, or none, is clamped to what fits, and the reply ends with the API's length reason."""
+    room = await ctx.limits.room(ctx.engine, prompt_ids, param)
+    wanted = body.requested_max_tokens()
+    try:  # more than fits, or none asked: up to what fits, ending with "length" (as llama.cpp does)
+        params = body.sampling_params(min(wanted or room, room))
+    except ValueError as err:
+        raise ApiError(400, str(err)) from None
+    prefix = "chatcmpl" if chat else "cmpl"
+    return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, prompt_ids, params, output,
+               body.include_usage, chat, on_finish=ctx.replies.add)
+
+
+class EventStream(StreamingResponse):
+    """Closes its events however the response ends, so a client that left cancels its request now."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def answer(engine: AsyncEngine, job: Job, stream: bool, request: Request) -> Response:
+    if stream:
+        return EventStream(generate_events(engine, job), media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return JSONResponse(await generate_all(engine, job, request))
+    except ClientGone:
+        log.info("client of %s went away; request cancelled", job.request_id)
+        return Response(status_code=499)

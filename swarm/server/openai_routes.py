@@ -1,0 +1,38 @@
+"""OpenAI's chat and completions routes of `swarm serve`.
+
+    POST /v1/chat/completions    messages + tools -> a reply or tool calls; stream or not
+    POST /v1/completions         a prompt (text or token ids) -> text; stream or not
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+
+from engine import Tokenizer
+from swarm.server.chat_output import OutputText
+from swarm.server.generation import Limits, ServeContext, answer, check_model, start_job
+from swarm.server.protocol import ChatCompletionRequest, CompletionRequest, utf8_text
+
+
+def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        check_model(body, ctx.model)
+        prompt = await run_in_threadpool(ctx.prompter.build, body.messages, body.tools, body.tool_choice)
+        output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
+        job = await start_job(ctx, body, prompt.token_ids, "messages", output, chat=True)
+        return await answer(ctx.engine, job, body.stream, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body, ctx.model)
+        ids = await run_in_threadpool(completion_ids, body.single_prompt(), ctx.tokenizer, ctx.limits)
+        output = OutputText(ctx.tokenizer, body.stop_strings(), tool_calls=False)
+        job = await start_job(ctx, body, ids, "prompt", output, chat=False)
+        return await answer(ctx.engine, job, body.stream, request)
+
+
+def completion_ids(prompt: str | list, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(utf8_text(prompt, "prompt"), add_special_tokens=True)
+    return limits.check_token_ids(prompt)
