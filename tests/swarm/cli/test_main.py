@@ -68,6 +68,8 @@ def test_version_comes_from_the_installed_package():
     (["bench-decode", "--agents", "1"], ["--agents must be at least 2"]),
     (["bench", "--out", "/no-such-folder/bench.json"], ["--out: /no-such-folder/bench.json"]),
     (["bench-decode", "--out", "/no-such-folder/decode.json"], ["--out: /no-such-folder/decode.json"]),
+    (["bench-arrival", "--agents", "8", "--chunk", "8"], ["--chunk must be larger than --agents"]),
+    (["bench-arrival", "--out", "/no-such-folder/arrival.json"], ["--out: /no-such-folder/arrival.json"]),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, words):
     line = assert_one_error_line(swarm(*args), 2)
