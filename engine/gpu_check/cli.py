@@ -12,7 +12,7 @@ from pathlib import Path
 from engine.gpu_check.parts import BUDGET_SECONDS, FAIL_ENV, HANG_ENV, PART_NAMES, PARTS, PartReport, run_part
 
 SCHEMA_VERSION = 1
-NO_GPU = ("no GPU: torch sees none (torch.cuda.is_available() is False); run this on a machine with a card, "
+NO_GPU = ("error: no GPU: torch sees none (torch.cuda.is_available() is False); run this on a machine with a card, "
           "or add --allow-cpu to check the script itself on this CPU")
 
 

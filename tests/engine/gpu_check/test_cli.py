@@ -91,5 +91,5 @@ def test_an_unknown_part_is_a_usage_error_naming_the_parts():
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     done = gpu_check("--quick")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip().count("\n") == 0 and done.stderr.startswith("no GPU: ")
+    assert done.stderr.strip().count("\n") == 0 and done.stderr.startswith("error: no GPU: ")
     assert "--allow-cpu" in done.stderr
