@@ -1,5 +1,6 @@
 """`swarm inspect-prefix [SPEC]`: what the agents share, where they diverge, and what it saves; with
-`--weights` and `--card`, the KV budget a card leaves once the weights and the runtime are in."""
+`--weights` and `--card`, the KV budget a card leaves once the weights and the runtime are in; with
+`--requests`, the same for request bodies real clients sent (swarm/cli/inspect_requests.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine import ModelLoadError, SwarmError
+from engine import DEFAULT_MODEL, ModelLoadError, SwarmError
+from swarm.cli.memory_view import memory_table_view
 from swarm.spec.kv_budget import format_bytes, parse_card_size, parse_kv_budget
 from swarm.spec.model_catalog import shipped_model_configs
 from swarm.trunk.memory_table import REFERENCE_TRUNKS
@@ -27,9 +29,10 @@ class OptionError(SwarmError):
 
 
 def inspect_prefix_cmd(
-    spec: Path = typer.Argument(None, show_default=False,
-                                help="The swarm.yaml to inspect (see swarm.yaml.example). Optional with "
-                                     "--model-config: the memory table then has the reference trunks only."),
+    spec: list[Path] = typer.Argument(None, show_default=False, metavar="[SPEC | REQUESTS...]",
+                                      help="The swarm.yaml to inspect (see swarm.yaml.example). Optional with "
+                                           "--model-config: the memory table then has the reference trunks only. "
+                                           "With --requests: request bodies (.json files, or folders of them)."),
     model_config: str = typer.Option(
         None, "--model-config", metavar="NAME|PATH",
         help="Size the memory table for another model: a shipped config "
@@ -56,6 +59,14 @@ def inspect_prefix_cmd(
                                    metavar="T1,T2,...", help="Reference trunk lengths for the table."),
     strict: bool = typer.Option(False, "--strict",
                                 help="Exit 1 when lint finds anything or agents diverge inside the trunk."),
+    requests: bool = typer.Option(False, "--requests",
+                                  help="Inspect request bodies clients sent (`swarm serve --capture DIR` writes them; "
+                                       "chat completions, Anthropic messages, OpenAI responses) instead of a spec: "
+                                       "their common trunk, where each diverges, lint on their system text, what "
+                                       "--canonicalize gains, the memory table for as many agents as requests."),
+    model: str = typer.Option(None, "--model", "-m", show_default=False,
+                              help="With --requests: the model whose tokenizer and chat template render them, as "
+                                   f"`swarm serve --model` would. Default: {DEFAULT_MODEL}."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema in the README)."),
 ) -> None:
     """Show the shared prompt trunk of a swarm without loading any weights.
@@ -74,8 +85,14 @@ def inspect_prefix_cmd(
     Example: swarm inspect-prefix swarm.yaml --model-config Qwen3-8B --agents 8 --budget 8.09GB
 
     Example: swarm inspect-prefix --model-config Qwen3-8B --weights q4_k_m --card 16GB
+
+    Example: swarm inspect-prefix --requests captures/ --model Qwen/Qwen3-8B
     """
-    sizing = _sizing(spec, model_config, agents, budget, context, references, weights, card)
+    if requests:
+        return _inspect_requests(spec, model, as_json, strict,
+                                 _sizing(model_config, agents, budget, context, references, weights, card))
+    spec = _one_spec(spec, model, model_config)
+    sizing = _sizing(model_config, agents, budget, context, references, weights, card)
     from swarm.trunk.card_budget import CardTooSmall
     from swarm.trunk.report import inspect_prefix
 
@@ -95,10 +112,26 @@ def inspect_prefix_cmd(
         raise typer.Exit(STRICT_EXIT_CODE)
 
 
-def _sizing(spec, model_config, agents, budget, context, references, weights, card):
-    """The options, each mistake a one-line usage error found before torch is imported."""
-    if spec is None and model_config is None:
+def _inspect_requests(paths: list[Path], model: str | None, as_json: bool, strict: bool, sizing) -> None:
+    if sizing.weights or sizing.card_bytes:
+        raise OptionError("--weights and --card size a card for a spec; with --requests, give --budget")
+    from swarm.cli.inspect_requests import inspect_requests
+
+    inspect_requests(list(paths or []), model or DEFAULT_MODEL, sizing, as_json, strict)
+
+
+def _one_spec(paths: list[Path] | None, model: str | None, model_config: str | None) -> Path | None:
+    if model is not None:
+        raise OptionError("--model renders --requests; a spec names its own model (size another with --model-config)")
+    if len(paths or []) > 1:
+        raise OptionError("give one swarm.yaml (or --requests, to inspect request bodies)")
+    if not paths and model_config is None:
         raise OptionError("give a swarm.yaml to inspect, or --model-config NAME to size a model without one")
+    return paths[0] if paths else None
+
+
+def _sizing(model_config, agents, budget, context, references, weights, card):
+    """The options, each mistake a one-line usage error found before torch is imported."""
     if budget is not None and card is not None:
         raise OptionError("--budget and --card both set the KV budget; give one of them")
     checked = dict(budget=_budget(budget), references=_references(references), weights=_weights(weights),
@@ -157,7 +190,7 @@ def _print_report(report: PrefixReport, console: Console) -> None:
         console.print(_weights_line(report.weights, report.model_config))
     if report.card is not None:
         console.print(_card_line(report.card, report.memory.bytes_per_token))
-    console.print(_memory_table(report))
+    console.print(memory_table_view(report.memory))
     shape, memory = report.kv_shape, report.memory
     mark = "* this swarm's trunk. " if report.spec is not None else ""
     console.print(f"{mark}bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads"
@@ -212,20 +245,3 @@ def _print_findings(report: PrefixReport, console: Console) -> None:
     console.print(table)
     for kind, advice in dict((f.kind, f.advice) for f in report.findings).items():
         console.print(f"  [yellow]{kind}[/]: {advice}")
-
-
-def _memory_table(report: PrefixReport) -> Table:
-    memory = report.memory
-    budget = "no budget set" if memory.budget_bytes is None else (
-        f"{format_bytes(memory.budget_bytes)} = {memory.budget_tokens:,} tokens")
-    table = Table("prefix", "one copy", f"{memory.agents} copies", "freed", "of budget",
-                  "+ctx/agent", "or +agents", title=f"KV memory: {memory.agents} agents, budget {budget}",
-                  caption="+agents: each new agent gets the private context an agent has unshared "
-                          "(budget / agents - prefix) unless --context says otherwise")
-    for row in memory.rows:
-        name = f"{row.trunk_tokens:,}" + ("*" if row.label == "this swarm" else "")
-        share = "-" if row.budget_share is None else f"{row.budget_share:.0%}"
-        more_agents = "-" if row.more_agents is None else f"+{row.more_agents}"
-        table.add_row(name, format_bytes(row.one_copy_bytes), format_bytes(row.all_copies_bytes),
-                      format_bytes(row.freed_bytes), share, f"+{row.more_context_per_agent:,}", more_agents)
-    return table

@@ -26,6 +26,7 @@ class ServeSettings:
     kv_budget_tokens: int | None
     kv_budget_bytes: int | None
     graphs: bool = True
+    canonicalize: bool = False
 
 
 def serve(
@@ -58,6 +59,17 @@ def serve(
     no_graphs: bool = typer.Option(False, "--no-graphs",
                                    help="Decode eagerly on a GPU, without CUDA/HIP graphs. Default: the spec's `graphs`, "
                                         "else graphs on."),
+    capture: Path = typer.Option(None, "--capture", metavar="DIR", show_default=False,
+                                 help="Write every POST /v1/* body the server receives into DIR, one file per request "
+                                      "(000001-messages.json, with a .meta.json: path, query, headers without keys, "
+                                      "time), to see what a harness sends; read them with `swarm inspect-prefix "
+                                      "--requests DIR`. A failed write is a log line, never a failed request."),
+    canonicalize: bool = typer.Option(False, "--canonicalize",
+                                      help="Move what is known to change between agents (Claude Code's and OpenCode's "
+                                           "environment blocks, git status, cwd and date lines, what prefix lint finds) "
+                                           "out of each request's system text into its first user message, so every "
+                                           "agent of a harness shares one trunk. Default: the spec's `canonicalize`, "
+                                           "else off."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: debug, info, warning, error."),
     as_json: bool = typer.Option(False, "--json", help="Print the ready line as one JSON object."),
 ) -> None:
@@ -69,10 +81,11 @@ def serve(
     """
     _check_log_level(log_level)
     swarm_spec = _load_spec(spec, model) if spec is not None else None
-    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs)
+    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs, canonicalize)
     listener = bind(host, port)
     try:
-        _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key)
+        _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key,
+               capture_dir=capture)
     finally:
         listener.close()
 
@@ -94,7 +107,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, log_level: str,
-           as_json: bool, api_key: str | None = None) -> None:
+           as_json: bool, api_key: str | None = None, capture_dir: Path | None = None) -> None:
     import uvicorn
 
     from engine import AsyncEngine, EngineOptions, LLMEngine
@@ -111,7 +124,7 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))
     async_engine = AsyncEngine(engine).start()
     try:
-        app = build_app(async_engine, served, api_key)
+        app = build_app(async_engine, served, api_key, capture_dir=capture_dir, canonicalize=settings.canonicalize)
         _announce(listener, engine, served, as_json)
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3)
         uvicorn.Server(config).run(sockets=[listener])
@@ -170,7 +183,7 @@ def _load_spec(path: Path, model: str | None):
 
 
 def _settings(spec, model: str | None, device: str | None, dtype: str | None, weights: str | None,
-              kv_budget: str | None, no_graphs: bool = False) -> ServeSettings:
+              kv_budget: str | None, no_graphs: bool = False, canonicalize: bool = False) -> ServeSettings:
     from swarm.spec.kv_budget import parse_kv_budget
 
     budget = spec.kv_budget if spec is not None else None
@@ -187,7 +200,8 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None, we
                          weights=(weights or (spec.weights if spec else "auto")).lower(),
                          kv_budget_tokens=budget.tokens if budget else None,
                          kv_budget_bytes=budget.bytes if budget else None,
-                         graphs=not no_graphs and (spec.graphs if spec else True))
+                         graphs=not no_graphs and (spec.graphs if spec else True),
+                         canonicalize=canonicalize or bool(spec and spec.canonicalize))
 
 
 def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:

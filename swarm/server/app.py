@@ -3,6 +3,7 @@
     GET  /health                 200 while the engine loop runs
     GET  /v1/models              the one model served
     POST /v1/chat/completions    OpenAI chat, and /v1/completions (swarm/server/openai_routes.py)
+    POST /v1/responses           OpenAI Responses, what Codex speaks (swarm/server/responses_routes.py)
     GET  /metrics                Prometheus: KV memory, sharing, prefix hits, requests, tokens
 
 Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "param", "code"}}`.
@@ -14,6 +15,7 @@ prompt fits the context and the KV blocks the pinned trunk leaves it.
 from __future__ import annotations
 
 import hmac
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,11 +26,16 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine import AsyncEngine
+from swarm.server.anthropic_protocol import anthropic_error_body, is_anthropic_request
+from swarm.server.anthropic_routes import add_anthropic_routes
+from swarm.server.canonicalize import Canonicalizer
+from swarm.server.capture import RequestCapture
 from swarm.server.chat_prompt import ChatPrompter
 from swarm.server.generation import Limits, ServeContext
-from swarm.server.metrics import ReplyCounts, metrics_registry
+from swarm.server.metrics import CanonicalizedCounts, ReplyCounts, metrics_registry
 from swarm.server.openai_routes import add_openai_routes
 from swarm.server.protocol import ApiError, error_body
+from swarm.server.responses_routes import add_responses_routes
 from swarm.server.served_model import ServedModel
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -36,16 +43,23 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, capture_dir: Path | None = None,
+              canonicalize: bool = False) -> FastAPI:
     app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
+    if capture_dir is not None:  # inside the body limit: it sees only bodies the server takes
+        app.add_middleware(RequestCapture, folder=capture_dir)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # inside the key check: its errors reach ours
     if api_key:
         _require_key(app, api_key)
     tokenizer = engine.engine.tokenizer
-    ctx = ServeContext(engine, model, Limits.of(engine), tokenizer, ChatPrompter(tokenizer), ReplyCounts())
-    registry = metrics_registry(engine, model, ctx.replies)
+    canonicalized = CanonicalizedCounts() if canonicalize else None
+    prompter = ChatPrompter(tokenizer, Canonicalizer(canonicalized) if canonicalized is not None else None)
+    ctx = ServeContext(engine, model, Limits.of(engine), tokenizer, prompter, ReplyCounts())
+    registry = metrics_registry(engine, model, ctx.replies, canonicalized)
     add_openai_routes(app, ctx)
+    add_responses_routes(app, ctx)
+    add_anthropic_routes(app, ctx)
 
     @app.get("/health")
     async def health():
@@ -78,7 +92,8 @@ class _BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if _content_length(scope) > self.max_bytes:
-            return await JSONResponse(error_body(self._message(), "invalid_request_error"), 413)(scope, receive, send)
+            body = error_body(self._message(), "invalid_request_error")
+            return await _error(Request(scope), 413, body)(scope, receive, send)
         received = 0
 
         async def receive_within_limit():
@@ -106,41 +121,53 @@ def _content_length(scope: Scope) -> int:
 
 
 def _require_key(app: FastAPI, api_key: str) -> None:
-    """/v1/* asks for `Authorization: Bearer <key>`, as OpenAI and vLLM do; /health and /metrics stay open."""
-    expected = f"Bearer {api_key}".encode()
+    """/v1/* asks for `Authorization: Bearer <key>`, as OpenAI and vLLM do, or `x-api-key: <key>` from an
+    Anthropic client; /health and /metrics stay open."""
+    expected, key = f"Bearer {api_key}".encode(), api_key.encode()
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
         given = request.headers.get("authorization", "").encode()
-        if request.url.path.startswith("/v1") and not hmac.compare_digest(given, expected):
+        anthropic = is_anthropic_request(request.url.path, request.headers)
+        x_api_key = request.headers.get("x-api-key", "").encode()
+        if request.url.path.startswith("/v1") and not hmac.compare_digest(given, expected) and not (
+                anthropic and hmac.compare_digest(x_api_key, key)):
             body = error_body("missing or wrong API key: send the key swarm serve was started with as "
-                              "`Authorization: Bearer <key>`", "invalid_request_error", code="invalid_api_key")
-            return JSONResponse(body, status_code=401)
+                              "`Authorization: Bearer <key>`" + (" or `x-api-key: <key>`" if anthropic else ""),
+                              "invalid_request_error", code="invalid_api_key")
+            return _error(request, 401, body)
         return await call_next(request)
+
+
+def _error(request: Request, status: int, body: dict, headers=None) -> JSONResponse:
+    """OpenAI's error body, or Anthropic's for a request an Anthropic client sent."""
+    if is_anthropic_request(request.url.path, request.headers):
+        body = anthropic_error_body(status, body["error"]["message"])
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
-        return JSONResponse(err.body(), status_code=err.status)
+        return _error(request, err.status, err.body())
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError):
         message, param = _validation_message(err)
-        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+        return _error(request, 400, error_body(message, "invalid_request_error", param))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
         message = err.detail if err.status_code != 404 else (
             f"no route {request.method} {request.url.path}; "
-            "this server has /v1/models, /v1/chat/completions, /v1/completions, /health and /metrics")
+            "this server has /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
+            "/health and /metrics")
         kind = "invalid_request_error" if err.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(message), kind), status_code=err.status_code, headers=err.headers)
+        return _error(request, err.status_code, error_body(str(message), kind), err.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception):  # uvicorn logs the traceback
-        return JSONResponse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error"),
-                            status_code=500)
+        return _error(request, 500, error_body(f"internal error: {type(err).__name__}: {err}", "server_error"))
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:

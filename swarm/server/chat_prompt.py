@@ -1,11 +1,15 @@
 """Chat messages and tools in, prompt token ids out, rendered the way swarm renders a trunk.
 
     prompt ids = [ system message alone, tokenized alone ][ the rest, tokenized alone ]
-                   tools canonical (sorted, canonical JSON):  users, assistants, tool results,
-                   in the template, or a Hermes tools block   the generation prompt
+                   tools canonical (sorted, canonical JSON),  users, assistants, tool results,
+                   in the template's words or a Hermes tools  the generation prompt
+                   block, then the system text
 
 So every client that sends the same system prompt and tools, in any order, starts with the
 same ids as the others, and as `swarm run`'s trunk for that harness: they share its KV blocks.
+The tools come before the system text (swarm/trunk/tools_first.py), so clients whose system
+texts differ in a volatile tail still share the whole tools block; with --canonicalize, what is
+known to be volatile leaves the system text for the first user message (swarm/server/canonicalize.py).
 Assistant tool calls go back in as `<tool_call>` text (or the template's own `tool_calls`),
 tool results as the template's `tool` role or a user message of `<tool_response>` blocks.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 import jinja2
 
@@ -20,7 +25,8 @@ from engine import ModelLoadError, Tokenizer
 from swarm.agents.tool_response import ToolResponseFormat
 from swarm.server.protocol import ApiError, ChatMessage, utf8_text
 from swarm.spec.tool_schema import canonical_json, canonical_tools
-from swarm.trunk.canonical import system_content, tokenize_with_offsets, tools_mode
+from swarm.trunk.canonical import system_content, tokenize_with_offsets
+from swarm.trunk.tools_first import MARKER, ToolsFirst, tools_first_layout
 
 
 @dataclass(slots=True)
@@ -31,18 +37,23 @@ class ChatPrompt:
 
 
 class ChatPrompter:
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer,
+                 canonicalize: Callable[[list[ChatMessage]], list[ChatMessage]] | None = None):
+        """`canonicalize`: what --canonicalize does to a request's messages before they are rendered."""
         self.tokenizer = tokenizer
+        self.canonicalize = canonicalize
         self.responses = ToolResponseFormat(tokenizer)
-        self._modes: dict[str, str] = {}
+        self._layouts: dict[str, ToolsFirst | None] = {}
 
     def build(self, messages: list[ChatMessage], tools: list[dict] | None = None,
               tool_choice: str | dict | None = None) -> ChatPrompt:
         canonical = self._canonical(tools or [])
-        mode = self._mode(canonical)
+        if self.canonicalize is not None:
+            messages = self.canonicalize(messages)
+        layout = self._layout(canonical)
+        mode = "chat-template" if layout else "tools-block" if canonical else "none"
         dicts = self._message_dicts(messages, canonical, mode)
-        native_tools = canonical if mode == "chat-template" else None
-        ids = self._tokenize(dicts, native_tools)
+        ids = self._tokenize(dicts, canonical, layout)
         return ChatPrompt(ids, canonical, bool(canonical) and tool_choice != "none")
 
     def _canonical(self, tools: list[dict]) -> list[dict]:
@@ -51,11 +62,15 @@ class ChatPrompter:
         except ValueError as err:
             raise ApiError(400, f"tools: {err}", param="tools") from None
 
-    def _mode(self, tools: list[dict]) -> str:
+    def _layout(self, tools: list[dict]) -> ToolsFirst | None:
+        """Where the template writes these tools, so they go before the system text; None: a
+        Hermes tools block (or no tools). The same choice as `tools_mode` makes for a trunk."""
+        if not tools or not self.tokenizer.supports_tools:
+            return None
         key = canonical_json(tools)
-        if key not in self._modes:
-            self._modes[key] = tools_mode(self.tokenizer, tools)
-        return self._modes[key]
+        if key not in self._layouts:
+            self._layouts[key] = tools_first_layout(self.tokenizer, tools)
+        return self._layouts[key]
 
     def _message_dicts(self, messages: list[ChatMessage], tools: list[dict], mode: str) -> list[dict]:
         dicts, results = [], []
@@ -70,6 +85,8 @@ class ChatPrompter:
         dicts += self.responses.messages(results) if results else []
         if mode == "tools-block":
             _add_tools_block(dicts, tools)
+        elif mode == "chat-template" and (not dicts or dicts[0]["role"] != "system"):
+            dicts.insert(0, {"role": "system", "content": ""})
         return dicts
 
     def _message_dict(self, message: ChatMessage, mode: str) -> dict:
@@ -85,17 +102,25 @@ class ChatPrompter:
         written = "\n".join(f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>" for call in calls)
         return {"role": role, "content": f"{text}\n{written}" if text else written}
 
-    def _tokenize(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def _tokenize(self, messages: list[dict], tools: list[dict], layout: ToolsFirst | None) -> list[int]:
         """The system message alone, then the rest, as the trunk is tokenized."""
-        full = utf8_text(self._render(messages, tools, add_generation_prompt=True), "messages")
+        full = utf8_text(self._text(messages, tools, layout, add_generation_prompt=True), "messages")
         if messages[0]["role"] == "system":
-            system = self._render(messages[:1], tools, add_generation_prompt=False)
+            system = self._text(messages[:1], tools, layout, add_generation_prompt=False)
             if full.startswith(system):
                 head, _ = tokenize_with_offsets(self.tokenizer, system, first=True)
                 tail, _ = tokenize_with_offsets(self.tokenizer, full[len(system):], first=False)
                 return head + tail
         ids, _ = tokenize_with_offsets(self.tokenizer, full, first=True)
         return ids
+
+    def _text(self, messages: list[dict], tools: list[dict], layout: ToolsFirst | None,
+              add_generation_prompt: bool) -> str:
+        """The template's rendering; with a layout, of the tools and then the system text."""
+        if layout is None:
+            return self._render(messages, None, add_generation_prompt)
+        marked = [{**messages[0], "content": MARKER}, *messages[1:]]
+        return layout.place(self._render(marked, tools, add_generation_prompt), messages[0]["content"])
 
     def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
         try:
@@ -109,7 +134,7 @@ class ChatPrompter:
 
 
 def _add_tools_block(messages: list[dict], tools: list[dict]) -> None:
-    """The tools go at the end of the system message, as in a trunk; one is added if missing."""
+    """The tools go at the start of the system message, as in a trunk; one is added if missing."""
     if messages and messages[0]["role"] == "system":
         messages[0] = {**messages[0], "content": system_content(messages[0]["content"], tools, "tools-block")}
     else:

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -118,12 +119,17 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def answer(engine: AsyncEngine, job: Job, stream: bool, request: Request) -> Response:
+async def answer(engine: AsyncEngine, job: Job, stream: bool, request: Request,
+                 events: AsyncIterator[str] | None = None, whole: Callable[[], dict] | None = None) -> Response:
+    """The job's reply, streamed or whole, in an API's shapes: `events`, its event stream (chat and
+    completions chunks by default); `whole()`, its body once the job is done (the chat body by default).
+    A client that leaves before a whole reply gets a 499, and its request is cancelled."""
     if stream:
-        return EventStream(generate_events(engine, job), media_type="text/event-stream",
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventStream(generate_events(engine, job) if events is None else events, media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        return JSONResponse(await generate_all(engine, job, request))
+        body = await generate_all(engine, job, request)
     except ClientGone:
         log.info("client of %s went away; request cancelled", job.request_id)
         return Response(status_code=499)
+    return JSONResponse(body if whole is None else whole())

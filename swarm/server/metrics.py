@@ -11,6 +11,8 @@
                                                     the server; cancelled and error by the engine
     swarm_prompt_tokens_total, swarm_cached_prompt_tokens_total,
     swarm_generation_tokens_total, swarm_preemptions_total, swarm_engine_step_errors_total
+    swarm_canonicalized_requests_total              requests --canonicalize changed (with the flag only)
+    swarm_canonicalized_chars_total{rule}           characters it moved out of system texts, by rule
 """
 from __future__ import annotations
 
@@ -45,6 +47,31 @@ class ReplyCounts:
             return Counter(self._counts)
 
 
+class CanonicalizedCounts(Collector):
+    """What --canonicalize moved (swarm/trunk/canonicalize.py); added in prompt threads, read per scrape."""
+
+    def __init__(self):
+        self._requests = 0
+        self._chars: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, moves: list) -> None:
+        with self._lock:
+            self._requests += 1
+            for move in moves:
+                self._chars[move.rule] += len(move.text)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            requests, chars = self._requests, Counter(self._chars)
+        yield _counter("swarm_canonicalized_requests", "Requests whose system text --canonicalize changed.", requests)
+        moved = CounterMetricFamily("swarm_canonicalized_chars", "Characters --canonicalize moved from system "
+                                    "texts to first user messages, by rule.", labels=["rule"])
+        for rule in sorted(chars):
+            moved.add_metric([rule], chars[rule])
+        yield moved
+
+
 class EngineCollector(Collector):
     def __init__(self, engine: AsyncEngine, model: ServedModel, replies: ReplyCounts):
         self.engine = engine
@@ -59,9 +86,12 @@ class EngineCollector(Collector):
                      self.model.trunk_tokens)
 
 
-def metrics_registry(engine: AsyncEngine, model: ServedModel, replies: ReplyCounts) -> CollectorRegistry:
+def metrics_registry(engine: AsyncEngine, model: ServedModel, replies: ReplyCounts,
+                     canonicalized: CanonicalizedCounts | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model, replies))
+    if canonicalized is not None:
+        registry.register(canonicalized)
     return registry
 
 

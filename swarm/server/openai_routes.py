@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from engine import Tokenizer
 from swarm.server.chat_output import OutputText
-from swarm.server.generation import Limits, ServeContext, answer, check_model, start_job
-from swarm.server.protocol import ChatCompletionRequest, CompletionRequest, utf8_text
+from swarm.server.generation import ChatInputs, Limits, ServeContext, answer, check_model, start_job
+from swarm.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, utf8_text
 
 
 def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
@@ -30,6 +31,17 @@ def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
         output = OutputText(ctx.tokenizer, body.stop_strings(), tool_calls=False)
         job = await start_job(ctx, body, ids, "prompt", output, chat=False)
         return await answer(ctx.engine, job, body.stream, request)
+
+
+def chat_inputs_from_body(body: dict) -> ChatInputs:
+    """A raw /v1/chat/completions body as the chat inputs the route renders (for inspect-prefix --requests)."""
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(400, f"not a chat completions request: {param or 'body'}: {first['msg']}", param=param) from None
+    return ChatInputs(request.messages, request.tools, request.tool_choice)
 
 
 def completion_ids(prompt: str | list, tokenizer: Tokenizer, limits: Limits) -> list[int]:

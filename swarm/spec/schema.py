@@ -20,8 +20,8 @@ from swarm.spec.tool_schema import normalize_tool, tool_name
 
 WORKSPACE_MODES = ("copy", "shared-readonly")   # copy: a copy per agent; shared-readonly: one, unwritable
 
-TOP_KEYS = ["model", "backend", "device", "dtype", "weights", "kv_budget", "graphs", "harness", "extra_tools",
-            "extra_rules", "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
+TOP_KEYS = ["model", "backend", "device", "dtype", "weights", "kv_budget", "graphs", "canonicalize", "harness",
+            "extra_tools", "extra_rules", "agents", "task", "workspace", "sampling", "limits", "run_command", "out"]
 DTYPES = ["auto", "float16", "bfloat16", "float32"]
 DEFAULT_HARNESS = "coding-agent"
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -79,6 +79,8 @@ class SwarmSpec:
     kv_budget: KvBudget | None = None
     graphs: bool = True
     """A GPU's decode steps replayed as CUDA/HIP graphs (engine.decode_graphs); false: eager."""
+    canonicalize: bool = False
+    """`swarm serve SPEC`: move the volatile parts of clients' system texts to their first user message."""
     harness: Path | None = None
     extra_tools: list[dict] = field(default_factory=list)
     extra_rules: list[str] = field(default_factory=list)
@@ -154,6 +156,8 @@ def _read_engine_keys(reader: SpecReader, root: dict[str, Node], spec: SwarmSpec
         spec.kv_budget = _kv_budget(reader, root["kv_budget"])
     if "graphs" in root:
         spec.graphs = reader.typed(root["graphs"], "graphs", bool)
+    if "canonicalize" in root:
+        spec.canonicalize = reader.typed(root["canonicalize"], "canonicalize", bool)
 
 
 def _weights(reader: SpecReader, node: Node, model: str) -> str:

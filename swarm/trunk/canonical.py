@@ -1,7 +1,7 @@
 """The canonical trunk: the static system message every agent of a swarm shares, token for token.
 
     agent prompt ids = [ trunk ids ............................ ][ suffix ids ............. ]
-                         system message: fixed rules + tools       first user message: date,
+                         system message: tools + fixed rules       first user message: date,
                          rendered by the model's chat template,    cwd, branch, agent, task,
                          tokenized on its own, shared by all       + generation prompt; private
 
@@ -9,6 +9,15 @@ The trunk text is the chat template's rendering of [system]; the suffix is what 
 [system, user] adds after it. Each side is tokenized alone and the ids are concatenated, so
 a BPE merge across the boundary can never move it. Rules that use per-agent `{{ variables }}`
 give each agent its own system message; the trunk is then what all of them still share.
+
+The tools come first in the system message, before its text, even where the template writes
+them after it (Qwen2.5's and Qwen3's `{system}\n\n# Tools ...`): a harness's system text often
+ends in something volatile (a cwd, a date, its git status), and a tools block of thousands of
+tokens after it would then be shared by no two agents. The template renders the tools in its
+own words, with a marker for the text, and the text goes in after them (ToolsFirst):
+
+    template:  head + MARKER + gap + tools + tail
+    swarm:     head + tools + gap + system text + tail
 """
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ from swarm.spec.harness import Harness
 from swarm.spec.schema import AgentSpec, SwarmSpec
 from swarm.spec.tool_schema import canonical_json, canonical_tools, tool_name
 from swarm.trunk.suffix import Environment, agent_variables, fill, first_user_message
+from swarm.trunk.tools_first import MARKER, tools_first_layout
 
 TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -193,32 +203,33 @@ def agent_rules_text(rules: list[str], agent: AgentSpec, env: Environment) -> st
 
 
 def system_content(text: str, tools: list[dict], mode: str) -> str:
-    """The system message's content: `text`, then the Hermes tools block where the chat
-    template does not render the tools itself (mode "tools-block")."""
+    """The system message's content: the Hermes tools block, then `text`, where the chat
+    template does not render the tools itself (mode "tools-block"); else `text`."""
     if mode != "tools-block":
         return text
-    return f"{text}\n\n{tools_block(tools)}" if text else tools_block(tools)
+    return f"{tools_block(tools)}\n\n{text}" if text else tools_block(tools)
 
 
 def _render(tokenizer: Tokenizer, content: str, tools: list[dict], mode: str, user: str | None = None) -> str:
     messages = [{"role": "system", "content": content}]
     if user is not None:
         messages.append({"role": "user", "content": user})
-    native_tools = tools if mode == "chat-template" else None
+    layout = tools_first_layout(tokenizer, tools) if mode == "chat-template" else None
+    if layout is not None:
+        messages[0]["content"] = MARKER
     try:
-        return tokenizer.apply_chat_template(messages, tools=native_tools, add_generation_prompt=user is not None)
+        text = tokenizer.apply_chat_template(messages, tools=tools if layout else None,
+                                             add_generation_prompt=user is not None)
     except jinja2.TemplateError as err:
         raise SwarmError(f"the model's chat template cannot render the prompt: {err}") from None
+    return layout.place(text, content) if layout else text
 
 
 def tools_mode(tokenizer: Tokenizer, tools: list[dict]) -> str:
-    """Native tool rendering when the template puts every tool into the system message."""
+    """Native tool rendering where the template writes every tool into the system message in a
+    way they can go before its text (swarm/trunk/tools_first.py); else a Hermes tools block."""
     if not tools:
         return "none"
-    if not tokenizer.supports_tools:
+    if not tokenizer.supports_tools or tools_first_layout(tokenizer, tools) is None:
         return "tools-block"
-    try:
-        probe = _render(tokenizer, "probe", tools, "chat-template")
-    except SwarmError:
-        return "tools-block"
-    return "chat-template" if all(f'"{tool_name(t)}"' in probe for t in tools) else "tools-block"
+    return "chat-template"

@@ -73,3 +73,21 @@ LLAMA31_TOOLS_IN_USER = """\
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
 {%- endif %}
 """
+
+# Qwen3's template: Qwen2.5's system turn without its default system text, the blank line before
+# the tools written with the system text (the tools still after it).
+QWEN3_TOOLS = QWEN_TOOLS.replace("""\
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools""", """\
+        {{- messages[0]['content'] + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools""").replace("""\
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}""", """\
+    {%- endif %}
+{%- endif %}""")

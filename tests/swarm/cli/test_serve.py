@@ -77,7 +77,7 @@ def test_eight_agents_on_a_served_spec_hit_the_pinned_trunk_and_memory_holds_it_
 def expected_prompts(system: str) -> tuple[int, int]:
     """Tokens of the trunk (the system message with its tools block) and of the agents' common prefix."""
     tokenizer = tiny_tokenizer()
-    content = f"{system}\n\n{tools_block(canonical_tools(TINY_HARNESS['tools']))}"
+    content = f"{tools_block(canonical_tools(TINY_HARNESS['tools']))}\n\n{system}"
     trunk = tokenizer.encode(tokenizer.apply_chat_template([{"role": "system", "content": content}],
                                                            add_generation_prompt=False))
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "system", "content": content},
@@ -145,3 +145,9 @@ def test_no_graphs_or_the_specs_graphs_false_serve_with_eager_decode(tmp_path):
     assert _settings(None, "m", None, None, None, None).graphs is True
     assert _settings(None, "m", None, None, None, None, no_graphs=True).graphs is False
     assert _settings(load(tmp_path, MINIMAL + "graphs: false\n"), None, None, None, None, None).graphs is False
+
+
+def test_canonicalize_comes_from_the_flag_or_the_spec(tmp_path):
+    assert _settings(None, "m", None, None, None, None).canonicalize is False
+    assert _settings(None, "m", None, None, None, None, canonicalize=True).canonicalize is True
+    assert _settings(load(tmp_path, MINIMAL + "canonicalize: true\n"), None, None, None, None, None).canonicalize

@@ -35,14 +35,14 @@ def script(server: ServerThread, *replies: str) -> None:
     server.async_engine.call(lambda engine: setattr(engine, "sampler", ReplySampler(engine, list(replies)))).result()
 
 
-def test_tool_order_does_not_change_the_prompt_and_the_tools_block_ends_the_system_message():
+def test_tool_order_does_not_change_the_prompt_and_the_tools_block_starts_the_system_message():
     tokenizer = tiny_tokenizer()
     prompter = ChatPrompter(tokenizer)
     forward = prompter.build(messages(SYSTEM, USER), TOOLS)
     backward = prompter.build(messages(SYSTEM, USER), list(reversed(TOOLS)))
     assert forward.token_ids == backward.token_ids and forward.parse_tool_calls
     expected = tokenizer.apply_chat_template(
-        [{"role": "system", "content": f"You are a coding agent.\n\n{tools_block(forward.tools)}"}, USER])
+        [{"role": "system", "content": f"{tools_block(forward.tools)}\n\nYou are a coding agent."}, USER])
     assert forward.token_ids == tokenizer.encode(expected)
     assert [t["function"]["name"] for t in forward.tools] == ["read_file", "write_file"]
 
@@ -73,7 +73,8 @@ def test_a_template_that_knows_tools_renders_them_itself():
     text = tokenizer.decode(ChatPrompter(tokenizer).build(messages(SYSTEM, USER), TOOLS).token_ids,
                             skip_special_tokens=False)
     assert text.count("# Tools") == 1 and text.index('"read_file"') < text.index('"write_file"')
-    assert text.startswith("<|im_start|>system\nYou are a coding agent.\n\n# Tools")
+    assert text.startswith("<|im_start|>system\n# Tools")
+    assert "</tool_call>\n\nYou are a coding agent.<|im_end|>\n<|im_start|>user\nFix a.py" in text
 
 
 def test_streamed_text_holds_back_what_may_still_become_a_call_or_a_stop_string():
@@ -155,7 +156,7 @@ def test_the_next_turn_sends_the_call_and_its_result_back_and_reuses_the_first_t
     second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
     assert second.choices[0].message.content == "Fixed." and second.choices[0].finish_reason == "stop"
     tokenizer = tiny_tokenizer()
-    system = {"role": "system", "content": f"You are a coding agent.\n\n{tools_block(TOOLS)}"}
+    system = {"role": "system", "content": f"{tools_block(TOOLS)}\n\nYou are a coding agent."}
     expected = tokenizer.apply_chat_template([system, USER, {"role": "assistant", "content": READ_CALL},
                                               {"role": "user", "content": "<tool_response>\nx = 1\n</tool_response>"}])
     assert second.usage.prompt_tokens == len(tokenizer.encode(expected))

@@ -39,6 +39,11 @@ def test_decode_graphs_default_on_and_graphs_false_turns_them_off(tmp_path):
     assert load(tmp_path, MINIMAL + "graphs: false\n").graphs is False
 
 
+def test_canonicalize_is_off_unless_the_spec_turns_it_on(tmp_path):
+    assert load(tmp_path, MINIMAL).canonicalize is False
+    assert load(tmp_path, MINIMAL + "canonicalize: true\n").canonicalize is True
+
+
 def test_auto_kv_budget_is_no_budget(tmp_path):
     assert load(tmp_path, MINIMAL + "kv_budget: auto\n").kv_budget is None
     assert load(tmp_path, MINIMAL + "kv_budget: 20000\n").kv_budget.tokens == 20000
@@ -66,6 +71,7 @@ def test_lines_of_extra_rules_are_recorded(tmp_path):
     (MINIMAL + "harness: coding-agnt\n", 4, "harness", "did you mean 'coding-agent'"),
     (MINIMAL + "kv_budget: 8 parsecs\n", 4, "kv_budget", "unknown unit"),
     (MINIMAL + "graphs: sometimes\n", 4, "graphs", "expected true or false"),
+    (MINIMAL + "canonicalize: yes please\n", 4, "canonicalize", "expected true or false"),
     (MINIMAL + "workspace: {path: ., mode: cpy}\n", 4, "workspace.mode", "did you mean 'copy'"),
     (MINIMAL + "model: other\n", 4, "model", "duplicate key"),
     (MINIMAL + "extra_tools:\n  - {name: 'bad name!'}\n", 5, "extra_tools[0]", "must be 1-64 letters"),

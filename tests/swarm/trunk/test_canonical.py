@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine.errors import SpecError
 from swarm.spec.schema import AgentSpec, load_spec
-from swarm.trunk.canonical import build_prompts, token_ids_sha256
+from swarm.trunk.canonical import build_prompts, rules_text, token_ids_sha256
 from tests.helpers.chat_templates import LLAMA31_TOOLS_IN_USER, QWEN_TOOLS
 from tests.helpers.spec_files import (
     EXAMPLE_SPEC,
@@ -101,17 +101,20 @@ def test_tool_order_and_formatting_give_identical_trunk_bytes(tmp_path, tokenize
     assert text.index('"name": "add"') < text.index('"name": "list_dir"') < text.index('"name": "ping"')
 
 
-def test_native_tool_template_renders_tools_in_the_trunk_like_transformers(tmp_path):
+def test_native_tool_template_renders_tools_in_the_trunk_like_transformers_but_before_the_rules(tmp_path):
     from transformers import PreTrainedTokenizerFast
     tokenizer = with_template(QWEN_TOOLS)
     spec = load(tmp_path, MINIMAL)
     prompts, source, _ = prompts_for(spec, tokenizer)
     assert prompts.trunk.tools_mode == "chat-template"
-    assert "# Tools" in prompts.trunk.text and '"name": "write_file"' in prompts.trunk.text
     oracle = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend, chat_template=QWEN_TOOLS)
-    system = [{"role": "system", "content": prompts.trunk.text.split("\n", 1)[1].split("\n\n# Tools")[0]}]
+    rules = rules_text([segment.text for segment in source.rules])
     tools = [segment.tool for segment in source.tools]
-    assert oracle.apply_chat_template(system, tools=tools, tokenize=False) == prompts.trunk.text
+    head, tail = "<|im_start|>system\n", "<|im_end|>\n"
+    template_order = oracle.apply_chat_template([{"role": "system", "content": rules}], tools=tools, tokenize=False)
+    tools_words = template_order.removeprefix(f"{head}{rules}\n\n").removesuffix(tail)
+    assert tools_words.startswith("# Tools") and '"name": "write_file"' in tools_words
+    assert prompts.trunk.text == f"{head}{tools_words}\n\n{rules}{tail}"
     for agent in prompts.agents:
         assert agent.prompt_ids[:len(prompts.trunk.token_ids)] == prompts.trunk.token_ids
 

@@ -1,0 +1,198 @@
+"""Anthropic's Messages routes of `swarm serve` (what Claude Code and the `anthropic` SDK call).
+
+    POST /v1/messages[?beta=true]     a reply of text and tool_use blocks; stream or not
+    POST /v1/messages/count_tokens    {"input_tokens": the rendered prompt's length}
+    GET  /v1/models/{model_id}        the served model's card
+
+Streamed, a reply is these server-sent events (`event: <type>\\ndata: <json>\\n\\n`):
+
+    message_start (usage so far), ping,
+    content_block_start / content_block_delta (text_delta) ... / content_block_stop     the text, as it is safe
+    content_block_start / content_block_delta (input_json_delta) / content_block_stop   one per tool call
+    message_delta (stop_reason, stop_sequence, usage), message_stop                     or an `error` event
+
+Usage as Anthropic counts it: input_tokens are the prompt tokens not read from the prefix cache.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+
+from engine import AsyncEngine, RequestFailed
+from swarm.server.anthropic_protocol import MessagesInput, MessagesRequest, anthropic_error_body
+from swarm.server.chat_output import OutputText
+from swarm.server.generation import ServeContext, answer, check_model, start_job
+from swarm.server.protocol import ApiError
+from swarm.server.responses import Finished, Job, _note_finish
+
+log = logging.getLogger("swarm.serve")
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def add_anthropic_routes(app: FastAPI, ctx: ServeContext) -> None:
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        check_model(body, ctx.model)
+        reply = await _start(ctx, body)
+        events = message_events(ctx.engine, reply) if body.stream else None
+        return await answer(ctx.engine, reply.job, body.stream, request, events, lambda: message_response(reply))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: MessagesInput):
+        check_model(body, ctx.model)
+        inputs = body.chat_inputs()
+        prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
+        return {"input_tokens": len(prompt.token_ids)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str):
+        if model_id not in ctx.model.aliases | {ctx.model.name}:
+            raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {ctx.model.name!r}",
+                           code="model_not_found")
+        created = datetime.fromtimestamp(ctx.model.created, timezone.utc).isoformat().replace("+00:00", "Z")
+        return {"id": ctx.model.name, "object": "model", "created": ctx.model.created, "owned_by": "swarm",
+                "type": "model", "display_name": ctx.model.name, "created_at": created,
+                "max_model_len": ctx.limits.context}
+
+
+@dataclass(slots=True)
+class MessageJob:
+    """The job, and how many of its prompt's last tokens are the start of a call a tool_choice forced:
+    they are the reply's first tokens too (parsed with the rest), and not counted as generated."""
+
+    job: Job
+    forced_tokens: int = 0
+
+
+async def _start(ctx: ServeContext, body: MessagesRequest) -> MessageJob:
+    inputs = body.chat_inputs()
+    prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
+    start = body.forced_call_start() if prompt.parse_tool_calls else ""
+    forced = ctx.tokenizer.encode(start) if start else []
+    output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
+    output.add(forced)
+    job = await start_job(ctx, body, prompt.token_ids + forced, "messages", output, chat=True)
+    job.request_id = f"msg_{uuid.uuid4().hex[:24]}"
+    return MessageJob(job, len(forced))
+
+
+def message_response(reply: MessageJob) -> dict:
+    job = reply.job
+    reason, sequence = stop_reason(job, job.finished)
+    return {**_message(reply, job.finished.num_cached_tokens), "content": _content_blocks(job.finished),
+            "stop_reason": reason, "stop_sequence": sequence}
+
+
+def stop_reason(job: Job, finished: Finished) -> tuple[str, str | None]:
+    """Anthropic's reason and the stop sequence that ended the reply, if one did."""
+    reason = STOP_REASONS.get(finished.finish_reason, finished.finish_reason)
+    if reason != "end_turn" or not job.output.stop:
+        return reason, None
+    text = job.output.tokenizer.decode(job.output.token_ids)
+    found = [(text.index(s), s) for s in job.output.stop if s in text]
+    return ("stop_sequence", min(found)[1]) if found else (reason, None)
+
+
+def _content_blocks(finished: Finished) -> list[dict]:
+    text = finished.output.content
+    blocks = [{"type": "text", "text": text}] if text else []
+    return blocks + [_tool_use(call) for call in finished.output.tool_calls]
+
+
+def _tool_use(call: dict) -> dict:
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
+            "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])}
+
+
+def _message(reply: MessageJob, num_cached_tokens: int) -> dict:
+    job = reply.job
+    return {"id": job.request_id, "type": "message", "role": "assistant", "model": job.model,
+            "usage": _usage(reply, num_cached_tokens)}
+
+
+def _usage(reply: MessageJob, num_cached_tokens: int) -> dict:
+    generated = max(len(reply.job.output.token_ids) - reply.forced_tokens, 0)
+    return {"input_tokens": len(reply.job.prompt_ids) - num_cached_tokens, "output_tokens": generated,
+            "cache_read_input_tokens": num_cached_tokens, "cache_creation_input_tokens": 0}
+
+
+async def message_events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterator[str]:
+    """The reply as server-sent events; a failure after the headers went out is an `error` event."""
+    job = reply.job
+    try:
+        async with aclosing(_events(engine, reply)) as events:
+            async for event in events:
+                yield event
+    except RequestFailed as err:
+        yield _sse("error", anthropic_error_body(500 if err.internal else 400, str(err)))
+    except Exception as err:
+        log.exception("stream %s failed", job.request_id)
+        yield _sse("error", anthropic_error_body(500, f"internal error: {type(err).__name__}: {err}"))
+
+
+async def _events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterator[str]:
+    """The cached-token count comes with the first step, so message_start waits for it."""
+    job, started, text_open = reply.job, False, False
+    async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
+        async for delta in deltas:
+            if not started:
+                yield _sse("message_start", {"type": "message_start", "message": {
+                    **_message(reply, delta.num_cached_tokens), "content": [], "stop_reason": None,
+                    "stop_sequence": None}})
+                yield _sse("ping", {"type": "ping"})
+                started = True
+            piece = job.output.add(delta.token_ids)
+            if piece and not text_open:
+                yield _block_start(0, {"type": "text", "text": ""})
+                text_open = True
+            if piece:
+                yield _block_delta(0, {"type": "text_delta", "text": piece})
+            _note_finish(job, delta)
+    for event in _closing_events(reply, text_open):
+        yield event
+
+
+def _closing_events(reply: MessageJob, text_open: bool) -> list[str]:
+    job = reply.job
+    finished = job.finished
+    rest = job.output.unsent(finished.output)
+    events = [_block_start(0, {"type": "text", "text": ""})] if rest and not text_open else []
+    events += [_block_delta(0, {"type": "text_delta", "text": rest})] if rest else []
+    text_open = text_open or bool(rest)
+    events += [_block_stop(0)] if text_open else []
+    for index, call in enumerate(finished.output.tool_calls, start=int(text_open)):
+        events += _tool_use_events(index, _tool_use(call))
+    reason, sequence = stop_reason(job, finished)
+    delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+             "usage": _usage(reply, finished.num_cached_tokens)}
+    return events + [_sse("message_delta", delta), _sse("message_stop", {"type": "message_stop"})]
+
+
+def _tool_use_events(index: int, block: dict) -> list[str]:
+    arguments = json.dumps(block["input"], ensure_ascii=False)
+    return [_block_start(index, {**block, "input": {}}),
+            _block_delta(index, {"type": "input_json_delta", "partial_json": arguments}), _block_stop(index)]
+
+
+def _block_start(index: int, block: dict) -> str:
+    return _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def _block_delta(index: int, delta: dict) -> str:
+    return _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def _block_stop(index: int) -> str:
+    return _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _sse(event: str, payload: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
