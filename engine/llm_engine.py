@@ -16,6 +16,7 @@ from engine.kv.device_memory import device_memory
 from engine.kv.sizing import size_kv_pool
 from engine.kv.stats import KVStats, collect_stats
 from engine.loading.build import load_model
+from engine.loading.context_length import with_context_length
 from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
 from engine.model_runner import ModelRunner
 from engine.options import EngineOptions
@@ -42,7 +43,7 @@ class StepResult:
 class LLMEngine:
     def __init__(self, model: str, options: EngineOptions):
         self.source = resolve_model(model)
-        self.config = load_model_config(self.source)
+        self.config = with_context_length(load_model_config(self.source), options.max_model_len)
         self.tokenizer = load_tokenizer(self.source)
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)

@@ -24,6 +24,7 @@ class EngineOptions:
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
+    max_model_len: int | None = None   # the served context; past the trained length only with a warning
     kv_budget_tokens: int | None = None
     kv_budget_bytes: int | None = None
     kv_floor: KVFloor | None = None   # engine.kv.sizing: a pool smaller than this fails at start

@@ -27,6 +27,7 @@ class ServeSettings:
     kv_budget_bytes: int | None
     graphs: bool = True
     canonicalize: bool = False
+    max_model_len: int | None = None
 
 
 def serve(
@@ -49,6 +50,10 @@ def serve(
     kv_budget: str = typer.Option(None, "--kv-budget", metavar="SIZE|TOKENS", show_default=False,
                                   help="KV cache budget, like 2GB or 20000 (tokens). Default: the spec's, "
                                        "else sized from free memory."),
+    max_model_len: int = typer.Option(None, "--max-model-len", min=2, metavar="TOKENS", show_default=False,
+                                      help="The context served: prompt and reply together. Shorter than the model's "
+                                           "trained context always; longer with a warning, as replies past the trained "
+                                           "length may degrade. Default: the model's trained context."),
     served_model_name: str = typer.Option(None, "--served-model-name", show_default=False,
                                           help="The model id clients send and /v1/models lists. "
                                                "Default: the model as given."),
@@ -82,6 +87,7 @@ def serve(
     _check_log_level(log_level)
     swarm_spec = _load_spec(spec, model) if spec is not None else None
     settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs, canonicalize)
+    settings.max_model_len = max_model_len
     listener = bind(host, port)
     try:
         _serve(listener, settings, swarm_spec, served_model_name or settings.model, log_level, as_json, api_key,
@@ -118,7 +124,8 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
                                                      weights=settings.weights,
                                                      kv_budget_tokens=settings.kv_budget_tokens,
                                                      kv_budget_bytes=settings.kv_budget_bytes,
-                                                     cuda_graphs=settings.graphs))
+                                                     cuda_graphs=settings.graphs,
+                                                     max_model_len=settings.max_model_len))
     served = ServedModel(name, aliases={settings.model, engine.source.display_name, str(engine.source.path)})
     if spec is not None:
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))

@@ -5,7 +5,7 @@
     assistant: text / tool_use blocks          -> an assistant message with tool_calls
     tools: {name, description, input_schema}   -> OpenAI function tools (made canonical when rendered)
     tool_choice: auto / any / tool / none      -> auto / required / {function: name} / none; any and
-                                                  tool also start the reply with the call (forced_call_start)
+                                                  tool also start the reply with the call (forced_call.py)
 
 So a conversation sent here renders to the same prompt ids as through /v1/chat/completions, and
 shares its KV blocks. `cache_control`, `thinking` blocks and fields swarm does not know
@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine import SamplingParams
 from swarm.server.generation import ChatInputs
-from swarm.server.protocol import GREEDY_BELOW, ApiError, ChatMessage, ContentPart
-from swarm.server.responses_tools import CALL_START
+from swarm.server.protocol import GREEDY_BELOW, ApiError, ChatMessage, ContentPart, body_error
 
 IGNORED_BLOCKS = {"thinking", "redacted_thinking"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -109,14 +108,6 @@ class MessagesRequest(MessagesInput):
     def requested_max_tokens(self) -> int:
         return self.max_tokens
 
-    def forced_call_start(self) -> str:
-        """How the reply must start for the tool_choice (`any`: a call, `tool`: a call of that tool)."""
-        if self.tool_choice is None or self.tool_choice.type not in ("any", "tool"):
-            return ""
-        if self.tool_choice.type == "any":
-            return CALL_START
-        return f'{CALL_START}{self.tool_choice.name}", "arguments": '
-
     def stop_strings(self) -> list[str]:
         return [s for s in self.stop_sequences or [] if s]
 
@@ -132,9 +123,7 @@ def chat_inputs_from_body(body: dict) -> ChatInputs:
     try:
         return MessagesInput.model_validate(body).chat_inputs()
     except ValidationError as err:
-        first = err.errors()[0]
-        param = ".".join(str(part) for part in first["loc"])
-        raise ApiError(400, f"{param}: {first['msg']}", param=param or None) from None
+        raise body_error(err, "Anthropic Messages") from None
 
 
 def _chat_messages(message: Message, param: str) -> list[ChatMessage]:

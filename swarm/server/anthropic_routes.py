@@ -19,7 +19,6 @@ import json
 import logging
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
@@ -28,10 +27,9 @@ from starlette.concurrency import run_in_threadpool
 
 from engine import AsyncEngine, RequestFailed
 from swarm.server.anthropic_protocol import MessagesInput, MessagesRequest, anthropic_error_body
-from swarm.server.chat_output import OutputText
-from swarm.server.generation import ServeContext, answer, check_model, start_job
+from swarm.server.generation import ServeContext, answer, check_model, start_chat_job
 from swarm.server.protocol import ApiError
-from swarm.server.responses import Finished, Job, _note_finish
+from swarm.server.responses import Finished, Job, note_finish
 
 log = logging.getLogger("swarm.serve")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -40,14 +38,14 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 def add_anthropic_routes(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        check_model(body, ctx.model)
-        reply = await _start(ctx, body)
-        events = message_events(ctx.engine, reply) if body.stream else None
-        return await answer(ctx.engine, reply.job, body.stream, request, events, lambda: message_response(reply))
+        check_model(body, ctx.model, CLIENT_HINT)
+        job = await _start(ctx, body)
+        events = message_events(ctx.engine, job) if body.stream else None
+        return await answer(ctx.engine, job, body.stream, request, events, lambda: message_response(job))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: MessagesInput):
-        check_model(body, ctx.model)
+        check_model(body, ctx.model, CLIENT_HINT)
         inputs = body.chat_inputs()
         prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
         return {"input_tokens": len(prompt.token_ids)}
@@ -63,31 +61,19 @@ def add_anthropic_routes(app: FastAPI, ctx: ServeContext) -> None:
                 "max_model_len": ctx.limits.context}
 
 
-@dataclass(slots=True)
-class MessageJob:
-    """The job, and how many of its prompt's last tokens are the start of a call a tool_choice forced:
-    they are the reply's first tokens too (parsed with the rest), and not counted as generated."""
-
-    job: Job
-    forced_tokens: int = 0
+CLIENT_HINT = ("; Claude Code asks for the model named by ANTHROPIC_MODEL (and ANTHROPIC_DEFAULT_HAIKU_MODEL for "
+               "its small tasks): set them to the served name")
 
 
-async def _start(ctx: ServeContext, body: MessagesRequest) -> MessageJob:
-    inputs = body.chat_inputs()
-    prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
-    start = body.forced_call_start() if prompt.parse_tool_calls else ""
-    forced = ctx.tokenizer.encode(start) if start else []
-    output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
-    output.add(forced)
-    job = await start_job(ctx, body, prompt.token_ids + forced, "messages", output, chat=True)
+async def _start(ctx: ServeContext, body: MessagesRequest) -> Job:
+    job = await start_chat_job(ctx, body, body.chat_inputs(), "messages")
     job.request_id = f"msg_{uuid.uuid4().hex[:24]}"
-    return MessageJob(job, len(forced))
+    return job
 
 
-def message_response(reply: MessageJob) -> dict:
-    job = reply.job
+def message_response(job: Job) -> dict:
     reason, sequence = stop_reason(job, job.finished)
-    return {**_message(reply, job.finished.num_cached_tokens), "content": _content_blocks(job.finished),
+    return {**_message(job, job.finished.num_cached_tokens), "content": _content_blocks(job.finished),
             "stop_reason": reason, "stop_sequence": sequence}
 
 
@@ -112,23 +98,20 @@ def _tool_use(call: dict) -> dict:
             "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])}
 
 
-def _message(reply: MessageJob, num_cached_tokens: int) -> dict:
-    job = reply.job
+def _message(job: Job, num_cached_tokens: int) -> dict:
     return {"id": job.request_id, "type": "message", "role": "assistant", "model": job.model,
-            "usage": _usage(reply, num_cached_tokens)}
+            "usage": _usage(job, num_cached_tokens)}
 
 
-def _usage(reply: MessageJob, num_cached_tokens: int) -> dict:
-    generated = max(len(reply.job.output.token_ids) - reply.forced_tokens, 0)
-    return {"input_tokens": len(reply.job.prompt_ids) - num_cached_tokens, "output_tokens": generated,
+def _usage(job: Job, num_cached_tokens: int) -> dict:
+    return {"input_tokens": len(job.prompt_ids) - num_cached_tokens, "output_tokens": job.generated_tokens(),
             "cache_read_input_tokens": num_cached_tokens, "cache_creation_input_tokens": 0}
 
 
-async def message_events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterator[str]:
+async def message_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The reply as server-sent events; a failure after the headers went out is an `error` event."""
-    job = reply.job
     try:
-        async with aclosing(_events(engine, reply)) as events:
+        async with aclosing(_events(engine, job)) as events:
             async for event in events:
                 yield event
     except RequestFailed as err:
@@ -138,14 +121,14 @@ async def message_events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterato
         yield _sse("error", anthropic_error_body(500, f"internal error: {type(err).__name__}: {err}"))
 
 
-async def _events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterator[str]:
+async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The cached-token count comes with the first step, so message_start waits for it."""
-    job, started, text_open = reply.job, False, False
+    started, text_open = False, False
     async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
         async for delta in deltas:
             if not started:
                 yield _sse("message_start", {"type": "message_start", "message": {
-                    **_message(reply, delta.num_cached_tokens), "content": [], "stop_reason": None,
+                    **_message(job, delta.num_cached_tokens), "content": [], "stop_reason": None,
                     "stop_sequence": None}})
                 yield _sse("ping", {"type": "ping"})
                 started = True
@@ -155,13 +138,12 @@ async def _events(engine: AsyncEngine, reply: MessageJob) -> AsyncIterator[str]:
                 text_open = True
             if piece:
                 yield _block_delta(0, {"type": "text_delta", "text": piece})
-            _note_finish(job, delta)
-    for event in _closing_events(reply, text_open):
+            note_finish(job, delta)
+    for event in _closing_events(job, text_open):
         yield event
 
 
-def _closing_events(reply: MessageJob, text_open: bool) -> list[str]:
-    job = reply.job
+def _closing_events(job: Job, text_open: bool) -> list[str]:
     finished = job.finished
     rest = job.output.unsent(finished.output)
     events = [_block_start(0, {"type": "text", "text": ""})] if rest and not text_open else []
@@ -172,7 +154,7 @@ def _closing_events(reply: MessageJob, text_open: bool) -> list[str]:
         events += _tool_use_events(index, _tool_use(call))
     reason, sequence = stop_reason(job, finished)
     delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-             "usage": _usage(reply, finished.num_cached_tokens)}
+             "usage": _usage(job, finished.num_cached_tokens)}
     return events + [_sse("message_delta", delta), _sse("message_stop", {"type": "message_stop"})]
 
 

@@ -34,7 +34,7 @@ from swarm.server.chat_prompt import ChatPrompter
 from swarm.server.generation import Limits, ServeContext
 from swarm.server.metrics import CanonicalizedCounts, ReplyCounts, metrics_registry
 from swarm.server.openai_routes import add_openai_routes
-from swarm.server.protocol import ApiError, error_body
+from swarm.server.protocol import ApiError, error_body, validation_message
 from swarm.server.responses_routes import add_responses_routes
 from swarm.server.served_model import ServedModel
 
@@ -153,7 +153,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError):
-        message, param = _validation_message(err)
+        message, param = validation_message(err.errors())
         return _error(request, 400, error_body(message, "invalid_request_error", param))
 
     @app.exception_handler(HTTPException)
@@ -168,19 +168,3 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception):  # uvicorn logs the traceback
         return _error(request, 500, error_body(f"internal error: {type(err).__name__}: {err}", "server_error"))
-
-
-def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
-    first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _union_branch(part)]
-    if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
-    if not loc:
-        return f"the request body must be a JSON object ({first['msg']})", None
-    param = ".".join(loc)
-    return f"{param}: {first['msg']}", param
-
-
-def _union_branch(part) -> bool:
-    """pydantic names the branch of a union it tried (`str`, `list[int]`); not a field a client sent."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)

@@ -2,8 +2,8 @@
 generation job each route starts and answers (its body is the API's own; the engine work is one).
 
     route:   body -> ChatInputs (messages, tools, tool_choice)       the API's converter
-             ctx.prompter.build(...) -> prompt ids                     one rendering for every API
-             start_job(ctx, body, ...) -> Job; answer(...) -> reply   or the API's own shapes
+             start_chat_job(ctx, body, inputs, ...) -> Job            one rendering for every API
+             answer(...) -> reply                                     in the API's own shapes
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from engine import AsyncEngine, Tokenizer
 from swarm.server.chat_output import OutputText
 from swarm.server.chat_prompt import ChatPrompter
+from swarm.server.forced_call import forced_call_start
 from swarm.server.metrics import ReplyCounts
 from swarm.server.protocol import ApiError, ChatMessage, GenerationRequest
 from swarm.server.responses import ClientGone, Job, generate_all, generate_events
@@ -87,11 +89,25 @@ class Limits:
         return ids
 
 
-def check_model(body: GenerationRequest, model: ServedModel) -> None:
+def check_model(body: GenerationRequest, model: ServedModel, hint: str = "") -> None:
+    """`hint`: how the API's usual client is told the model's name."""
     if body.model not in model.aliases | {model.name}:
-        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model.name!r}",
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {model.name!r}{hint}",
                        param="model", code="model_not_found")
     body.check_supported()
+
+
+async def start_chat_job(ctx: ServeContext, body: GenerationRequest, inputs: ChatInputs, param: str) -> Job:
+    """The job for a conversation, rendered as every API renders it; a tool_choice that forces a call ends
+    the prompt with the call's start, which the reply is parsed with."""
+    start = forced_call_start(inputs.tool_choice, inputs.tools)
+    prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
+    forced = ctx.tokenizer.encode(start) if start else []
+    output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
+    output.add(forced)
+    job = await start_job(ctx, body, prompt.token_ids + forced, param, output, chat=True)
+    job.forced_tokens = len(forced)
+    return job
 
 
 async def start_job(ctx: ServeContext, body: GenerationRequest, prompt_ids: list[int], param: str,

@@ -11,17 +11,15 @@ from starlette.concurrency import run_in_threadpool
 
 from engine import Tokenizer
 from swarm.server.chat_output import OutputText
-from swarm.server.generation import ChatInputs, Limits, ServeContext, answer, check_model, start_job
-from swarm.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, utf8_text
+from swarm.server.generation import ChatInputs, Limits, ServeContext, answer, check_model, start_chat_job, start_job
+from swarm.server.protocol import ChatCompletionRequest, CompletionRequest, body_error, utf8_text
 
 
 def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body, ctx.model)
-        prompt = await run_in_threadpool(ctx.prompter.build, body.messages, body.tools, body.tool_choice)
-        output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
-        job = await start_job(ctx, body, prompt.token_ids, "messages", output, chat=True)
+        job = await start_chat_job(ctx, body, ChatInputs(body.messages, body.tools, body.tool_choice), "messages")
         return await answer(ctx.engine, job, body.stream, request)
 
     @app.post("/v1/completions")
@@ -38,9 +36,7 @@ def chat_inputs_from_body(body: dict) -> ChatInputs:
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as err:
-        first = err.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(400, f"not a chat completions request: {param or 'body'}: {first['msg']}", param=param) from None
+        raise body_error(err, "chat completions") from None
     return ChatInputs(request.messages, request.tools, request.tool_choice)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine import SamplingParams
 
@@ -39,6 +39,29 @@ def utf8_text(text: str, param: str) -> str:
         raise ApiError(400, f"the {param} contain text that is not valid Unicode ({err.reason} at "
                             f"character {err.start})", param=param) from None
     return text
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """pydantic's first error as one line a client can act on, and the parameter it names."""
+    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _union_branch(part)]
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if not loc:
+        return f"the request body must be a JSON object ({first['msg']})", None
+    param = ".".join(loc)
+    return f"{param}: {first['msg']}", param
+
+
+def _union_branch(part) -> bool:
+    """pydantic names the branch of a union it tried (`str`, `list[int]`); not a field a client sent."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list") or "[" in part)
+
+
+def body_error(err: ValidationError, api: str) -> ApiError:
+    """A body read outside a route (a captured request) that is not a valid `api` request."""
+    message, param = validation_message(err.errors())
+    return ApiError(400, f"not a valid {api} request: {message}", param=param)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict:
@@ -153,11 +176,6 @@ class ChatCompletionRequest(GenerationRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.tool_choice not in (None, "auto", "none"):
-            raise ApiError(400, "tool_choice must be 'auto' or 'none'; forcing a call is not supported",
-                           param="tool_choice")
 
 
 class CompletionRequest(GenerationRequest):

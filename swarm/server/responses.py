@@ -48,6 +48,11 @@ class Job:
     chat: bool
     on_finish: Callable[[str], None] = lambda finish_reason: None
     finished: Finished | None = None
+    forced_tokens: int = 0       # the prompt's last tokens that start a forced call (swarm/server/forced_call.py)
+
+    def generated_tokens(self) -> int:
+        """The reply's tokens the model wrote: a forced call's start is the prompt's, not generated."""
+        return max(len(self.output.token_ids) - self.forced_tokens, 0)
 
 
 class ClientGone(Exception):
@@ -92,7 +97,7 @@ async def generate_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
 async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     if job.chat:
         yield _sse(_chunk(job, {"role": "assistant", "content": ""}))
-    async with aclosing(_pieces(engine, job)) as pieces:
+    async with aclosing(text_pieces(engine, job)) as pieces:
         async for piece in pieces:
             yield _sse(_chunk(job, {"content": piece}) if job.chat else _chunk(job, text=piece))
     for chunk in _final_chunks(job, job.finished):
@@ -102,17 +107,17 @@ async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     yield DONE
 
 
-async def _pieces(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
+async def text_pieces(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The text as it becomes safe to send; the finish is left on job.finished."""
     async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
         async for delta in deltas:
             piece = job.output.add(delta.token_ids)
             if piece:
                 yield piece
-            _note_finish(job, delta)
+            note_finish(job, delta)
 
 
-def _note_finish(job: Job, delta: GenerationDelta) -> None:
+def note_finish(job: Job, delta: GenerationDelta) -> None:
     if not delta.finish_reason:
         return
     output = job.output.finish()
@@ -122,7 +127,7 @@ def _note_finish(job: Job, delta: GenerationDelta) -> None:
 
 
 async def _run(engine: AsyncEngine, job: Job) -> Finished:
-    async with aclosing(_pieces(engine, job)) as pieces:
+    async with aclosing(text_pieces(engine, job)) as pieces:
         async for _ in pieces:
             pass
     return job.finished
@@ -175,7 +180,7 @@ def _envelope(job: Job, kind: str | None = None) -> dict:
 
 
 def _usage(job: Job, finished: Finished) -> dict:
-    prompt, completion = len(job.prompt_ids), len(job.output.token_ids)
+    prompt, completion = len(job.prompt_ids), job.generated_tokens()
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": finished.num_cached_tokens}}
 

@@ -24,8 +24,8 @@ from typing import Literal, Union
 from pydantic import Field, ValidationError
 
 from swarm.server.generation import ChatInputs
-from swarm.server.protocol import ApiError, ChatMessage, FunctionCall, GenerationRequest, ToolCall, _Request
-from swarm.server.responses_tools import ToolNames, forced_call_prefix
+from swarm.server.protocol import ApiError, ChatMessage, FunctionCall, GenerationRequest, ToolCall, _Request, body_error
+from swarm.server.responses_tools import ToolNames, chat_tool_choice
 
 log = logging.getLogger("swarm.serve")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -63,12 +63,10 @@ SKIPPED_ITEMS = ("reasoning",)
 
 @dataclass(slots=True)
 class Conversation:
-    """What the route needs beyond the chat inputs: the tool names' map back to the client's, and
-    the start of the call the model must write when tool_choice forces one."""
+    """What the route needs beyond the chat inputs: the tool names' map back to the client's."""
 
     inputs: ChatInputs
     names: ToolNames
-    forced_prefix: str | None
 
 
 class ResponsesRequest(GenerationRequest):
@@ -117,9 +115,8 @@ class ResponsesRequest(GenerationRequest):
         if not messages:
             raise ApiError(400, "input is empty; send the conversation as a string or a list of items",
                            param="input")
-        forced = forced_call_prefix(self.tool_choice, names)
-        choice = "none" if self.tool_choice == "none" else "auto"
-        return Conversation(ChatInputs(messages, names.function_tools or None, choice), names, forced)
+        choice = chat_tool_choice(self.tool_choice, names)
+        return Conversation(ChatInputs(messages, names.function_tools or None, choice), names)
 
 
 def chat_inputs_from_body(body: dict) -> ChatInputs:
@@ -127,7 +124,7 @@ def chat_inputs_from_body(body: dict) -> ChatInputs:
     try:
         request = ResponsesRequest.model_validate(body)
     except ValidationError as err:
-        raise ApiError(400, f"not a Responses API request: {err.errors()[0]['msg']}") from None
+        raise body_error(err, "Responses API") from None
     return request.conversation_inputs().inputs
 
 

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from typing import AsyncIterator
 
 from engine import AsyncEngine, RequestFailed
-from swarm.server.responses import Finished, Job, _pieces
+from swarm.server.responses import Finished, Job, text_pieces
 from swarm.server.responses_protocol import ResponsesRequest
 from swarm.server.responses_tools import ToolNames
 
@@ -30,8 +30,8 @@ log = logging.getLogger("swarm.serve")
 
 
 class ResponseReply:
-    def __init__(self, body: ResponsesRequest, job: Job, names: ToolNames, forced_tokens: int):
-        self.body, self.job, self.names, self.forced_tokens = body, job, names, forced_tokens
+    def __init__(self, body: ResponsesRequest, job: Job, names: ToolNames):
+        self.body, self.job, self.names = body, job, names
         self.id = "resp_" + job.request_id.split("-", 1)[-1]   # the engine's request id, for the logs
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self._sequence = itertools.count()
@@ -70,7 +70,7 @@ class ResponseReply:
         yield self._event("response.in_progress", response=self.response("in_progress"))
         opened = False
         try:
-            async with aclosing(_pieces(engine, self.job)) as pieces:
+            async with aclosing(text_pieces(engine, self.job)) as pieces:
                 async for piece in pieces:
                     if not opened:
                         opened = True
@@ -147,7 +147,7 @@ class ResponseReply:
     def _usage(self, finished: Finished | None) -> dict | None:
         if finished is None:
             return None
-        prompt, generated = len(self.job.prompt_ids), len(self.job.output.token_ids) - self.forced_tokens
+        prompt, generated = len(self.job.prompt_ids), self.job.generated_tokens()
         return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": finished.num_cached_tokens},
                 "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + generated}

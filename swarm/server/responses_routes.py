@@ -6,15 +6,13 @@
 The conversation becomes the same chat messages and tools as a chat completion
 (responses_protocol.py), rendered by the same ChatPrompter: the same conversation gives the same
 prompt ids, so it shares KV blocks with agents on either API. A forced tool choice ends the prompt
-with the start of a call, which the model then completes.
+with the start of a call, which the model then completes (swarm/server/forced_call.py).
 """
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from starlette.concurrency import run_in_threadpool
 
-from swarm.server.chat_output import OutputText
-from swarm.server.generation import ServeContext, answer, check_model, start_job
+from swarm.server.generation import ServeContext, answer, check_model, start_chat_job
 from swarm.server.responses_protocol import ResponsesRequest
 from swarm.server.responses_reply import ResponseReply
 
@@ -30,10 +28,5 @@ def add_responses_routes(app: FastAPI, ctx: ServeContext) -> None:
 
 async def start_reply(ctx: ServeContext, body: ResponsesRequest) -> ResponseReply:
     conversation = body.conversation_inputs()
-    inputs = conversation.inputs
-    prompt = await run_in_threadpool(ctx.prompter.build, inputs.messages, inputs.tools, inputs.tool_choice)
-    forced = ctx.tokenizer.encode(conversation.forced_prefix) if conversation.forced_prefix else []
-    output = OutputText(ctx.tokenizer, body.stop_strings(), prompt.parse_tool_calls)
-    output.add(forced)   # the reply starts with the forced start of a call: parsed with the rest
-    job = await start_job(ctx, body, prompt.token_ids + forced, "input", output, chat=True)
-    return ResponseReply(body, job, conversation.names, len(forced))
+    job = await start_chat_job(ctx, body, conversation.inputs, "input")
+    return ResponseReply(body, job, conversation.names)

@@ -21,7 +21,6 @@ from swarm.server.protocol import ApiError
 
 VALID_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FUNCTION_KEYS = ("name", "description", "parameters", "strict")
-CALL_START = '<tool_call>\n{"name": "'
 
 
 @dataclass(slots=True)
@@ -101,20 +100,15 @@ def _unique(name: str, taken: dict) -> str:
     return f"{name[:60]}_{number}"
 
 
-def forced_call_prefix(tool_choice: str | dict | None, names: ToolNames) -> str | None:
-    """The start of the reply that makes the model call a tool (`required`) or one tool (a named
-    function): the prompt ends with it, so the model writes the rest of the call."""
-    if tool_choice in (None, "auto", "none"):
-        return None
-    if not names.function_tools:
-        raise ApiError(400, "tool_choice forces a tool call, but no function tools were sent", param="tool_choice")
-    if tool_choice == "required":
-        return CALL_START
+def chat_tool_choice(tool_choice: str | dict | None, names: ToolNames) -> str | dict | None:
+    """The Responses tool_choice in chat's shape, naming the tool as the model sees it (forced_call.py)."""
+    if tool_choice in (None, "auto", "none", "required"):
+        return tool_choice
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and tool_choice.get("name"):
         seen = names.declared(tool_choice.get("namespace"), tool_choice["name"])
         if seen is None:
             raise ApiError(400, f"tool_choice names the function {tool_choice['name']!r}, which is not among "
                                 "the tools", param="tool_choice")
-        return f'{CALL_START}{seen}", "arguments": '
+        return {"type": "function", "function": {"name": seen}}
     raise ApiError(400, f"tool_choice {json.dumps(tool_choice)} is not supported; use 'auto', 'none', "
                         "'required' or {\"type\": \"function\", \"name\": ...}", param="tool_choice")

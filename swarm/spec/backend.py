@@ -23,7 +23,7 @@ from swarm.spec.reader import SpecReader
 
 BACKEND_TYPES = ["local", "openai"]
 BACKEND_KEYS = ["type", "base_url", "model", "api_key_env"]
-ENGINE_ONLY_KEYS = ("device", "dtype", "weights", "kv_budget", "graphs")
+ENGINE_ONLY_KEYS = ("device", "dtype", "weights", "kv_budget", "graphs", "canonicalize")
 NO_API_KEY = "EMPTY"
 """Sent when the spec names no key variable: servers started without a key accept anything."""
 

@@ -3,7 +3,8 @@
 `Volatiles.detect` reads this machine's actual values (working directory, home, hostname,
 git branch and commit); `find_volatile` matches them and the generic shapes (dates, times,
 UUIDs, hex ids, commits, absolute paths, hostnames, PIDs) and returns non-overlapping spans, the
-more specific kind winning where two overlap.
+more specific kind winning where two overlap. A Windows path (C:\\repo\\x.py) counts only on Windows, or
+under \\Users\\ as a home: elsewhere it is an example in prose, the same on every machine.
 
 A token counts as a hostname only when something says why (see `_HOSTNAME`):
   - it follows the word host, hostname, machine or server ("host build-7", "server: 10.0.0.5") and
@@ -17,6 +18,7 @@ A token counts as a hostname only when something says why (see `_HOSTNAME`):
     err.internal) than a machine;
   - or it is a private IPv4 address (10.x.x.x, 172.16-31.x.x, 192.168.x.x); other addresses count
     only after one of the words above.
+A model's id is not a host either (claude-sonnet-5, qwen-coder-3: a model family's name first).
 So "re-run", "x86-64", "utf-8", "gpt-4", "llama-3" and "py311" are not hosts (one label and an
 unpadded number, or no hyphen), and public domains (docs.python.org) are left alone: such an
 address is the same for every agent and run. A short commit hash (7 to 40 hex digits, one of
@@ -24,6 +26,7 @@ them a digit) counts only after the word commit, revision, rev or sha ("commit 3
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -41,7 +44,11 @@ _HOST_START = r"(?<![\w.-])(?:(?<=//)|(?<!/))"   # not inside a word or a path; 
 _HOST_END = r"(?![\w-]|\.\w)"
 _HOST_AFTER_KEYWORD = (r"(?i:\b(?:host(?:name)?|machine|server)\b(?:\s*[:=]\s*|\s+)[`'\"]?"
                        rf"(?!{_TECHNICAL}{_HOST_END})(?=[a-z0-9.-]*\d)(?:{_IPV4}|[a-z][a-z0-9-]*(?:\.{_LABEL})*))")
-_MACHINE_NAME = (r"(?:[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*-0\d+|(?:[a-z][a-z0-9]*-){2,}\d+|ip(?:-\d{1,3}){4})"
+# a model's id has a machine name's shape (claude-sonnet-5, qwen-coder-3) and is the same on every machine
+_MODEL_FAMILY = (r"(?:claude|gpt|o\d|llama|meta-llama|codellama|qwen\d*|gemini|gemma\d*|mistral|mixtral|codestral"
+                 r"|phi\d*|deepseek|smollm\d*|codex|grok|command|kimi|glm|granite|starcoder\d*)-")
+_MACHINE_NAME = (rf"(?!{_MODEL_FAMILY})"
+                 r"(?:[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*-0\d+|(?:[a-z][a-z0-9]*-){2,}\d+|ip(?:-\d{1,3}){4})"
                  rf"(?:\.{_LABEL})*")
 _PRIVATE_DOMAIN = (rf"(?i:(?:{_LABEL}(?:\.{_LABEL})+|(?=[a-z0-9-]*[0-9-]){_LABEL})"
                    r"\.(?:local|internal|lan|localdomain|corp|home\.arpa))")
@@ -56,7 +63,7 @@ GENERIC_PATTERNS: list[tuple[str, str]] = [
     ("home_dir", r"(?<![\w/.-])(?:~[\w.-]*(?=/)|/home/[\w.-]*\w|/Users/[\w.-]*\w|/root\b)(?:/[\w.-]*\w)*"
                  r"|[A-Za-z]:\\Users\\[\w.\\-]+"),
     ("abs_path", r"(?<![\w:/.~-])(?:/[\w.-]*\w){2,}|(?<![\w:/.~-])/(?:tmp|var|etc|opt|usr|srv|mnt|"
-                 r"workspace|data)\b|\b[A-Za-z]:\\[\w.\\-]+"),
+                 r"workspace|data)\b" + (r"|\b[A-Za-z]:\\[\w.\\-]+" if os.name == "nt" else "")),
     ("hostname", _HOSTNAME),
     ("date", rf"\b\d{{4}}-\d{{2}}-\d{{2}}\b|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}\b|\b{_MONTH} \d{{1,2}},? \d{{4}}\b"
              rf"|\b\d{{1,2}} {_MONTH},? \d{{4}}\b"),

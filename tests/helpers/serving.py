@@ -115,6 +115,31 @@ class ReplySampler:
         return tokens.pop(0) if tokens else EOS_ID
 
 
+def script(server: ServerThread, *replies: str) -> None:
+    """From now on the server's engine "generates" `replies`, one a request (the last one once they run out)."""
+    server.async_engine.call(lambda engine: setattr(engine, "sampler", ReplySampler(engine, list(replies)))).result()
+
+
+@contextmanager
+def real_sampler(server: ServerThread):
+    """The engine's own sampler again on leaving, whatever was scripted inside."""
+    engine = server.async_engine.engine
+    real = engine.sampler
+    try:
+        yield
+    finally:
+        server.async_engine.call(lambda e: setattr(e, "sampler", real)).result()
+    assert engine.sampler is real
+
+
+@contextmanager
+def scripted(server: ServerThread, *replies: str):
+    """The engine "generates" `replies`, one a request, while inside."""
+    with real_sampler(server):
+        script(server, *replies)
+        yield
+
+
 @contextmanager
 def serve_cli(*args: str, timeout: float = 60, env: dict | None = None):
     """`swarm serve ARGS --port 0 --json` as a subprocess; yields (ready info, process)."""

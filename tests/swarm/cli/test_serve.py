@@ -1,6 +1,7 @@
 """The real `swarm serve` CLI as a subprocess: one-line start-up errors, and a spec whose trunk is
 pinned at start, so that eight agents hit it at once and memory holds it once."""
 import asyncio
+import json
 import random
 import sys
 
@@ -151,3 +152,12 @@ def test_canonicalize_comes_from_the_flag_or_the_spec(tmp_path):
     assert _settings(None, "m", None, None, None, None).canonicalize is False
     assert _settings(None, "m", None, None, None, None, canonicalize=True).canonicalize is True
     assert _settings(load(tmp_path, MINIMAL + "canonicalize: true\n"), None, None, None, None, None).canonicalize
+
+
+def test_max_model_len_past_the_trained_context_is_served_with_a_warning(model_dir):
+    trained = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    doubled = str(trained * 2)
+    with serve_cli("--model", str(model_dir), "--device", "cpu", "--max-model-len", doubled) as (info, process):
+        card = httpx.get(info["url"] + "/models").json()["data"][0]
+    assert card["max_model_len"] == trained * 2
+    assert f"beyond the {trained} tokens this model was trained for" in process.stderr.read()

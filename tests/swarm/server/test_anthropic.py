@@ -1,7 +1,6 @@
 """`swarm serve`'s Anthropic Messages API over real HTTP, with the official `anthropic` client, on the
 tiny model: the same conversation as through chat completions gives the same prompt, tokens and cache."""
 import json
-from contextlib import contextmanager
 
 import anthropic
 import httpx
@@ -10,8 +9,8 @@ import pytest
 from swarm.server.anthropic_protocol import chat_inputs_from_body
 from swarm.server.chat_prompt import ChatPrompter
 from swarm.server.protocol import ChatMessage
-from tests.helpers.runs import TINY_HARNESS, tiny_model, tiny_tokenizer
-from tests.helpers.serving import MODEL, REPO, ReplySampler, ServerThread, start_engine
+from tests.helpers.runs import TINY_HARNESS, tiny_tokenizer
+from tests.helpers.serving import MODEL, REPO, ServerThread, scripted, start_engine
 
 SYSTEM_BLOCKS = [{"type": "text", "text": "You are a coding agent."},
                  {"type": "text", "text": " Be brief.", "cache_control": {"type": "ephemeral"}}]
@@ -25,32 +24,8 @@ GREEDY = {"extra_body": {"temperature": 0}}   # the SDK has no temperature argum
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with ServerThread(start_engine(model_dir)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-
-
-@contextmanager
-def scripted(server: ServerThread, *replies: str):
-    """The engine "generates" `replies`, one a request, while inside."""
-    engine = server.async_engine.engine
-    real = engine.sampler
-    server.async_engine.call(lambda e: setattr(e, "sampler", ReplySampler(e, list(replies)))).result()
-    try:
-        yield
-    finally:
-        server.async_engine.call(lambda e: setattr(e, "sampler", real)).result()
-    assert engine.sampler is real
 
 
 def test_the_same_conversation_as_chat_completions_gives_the_same_greedy_tokens_and_cache(server, client):

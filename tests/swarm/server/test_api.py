@@ -7,22 +7,10 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling import SamplingParams
-from tests.helpers.runs import tiny_model
 from tests.helpers.serving import MODEL, ServerThread, metric, start_engine, wait_for
 
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 USER = [{"role": "user", "content": "def add(a, b):"}]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with ServerThread(start_engine(model_dir)) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,12 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.runs import tiny_model
 from tests.helpers.serving import MODEL, ServerThread, serve_cli, start_engine
 
 GREEDY = dict(temperature=0, max_tokens=2, extra_body={"ignore_eos": True})
 SYSTEM = "You are a coding agent. Working directory: /srv/alpha — naïve café"
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "def add(a, b):"}]
 SMALL_BODY_CAP = 4096
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model(tmp_path_factory.getbasetemp())
 
 
 def captured(folder) -> list[str]:

@@ -8,16 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.helpers.runs import tiny_model
-from tests.helpers.serving import MODEL, ServerThread, metric, start_engine, wait_for
+from tests.helpers.serving import MODEL, metric, wait_for
 
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerThread(start_engine(tiny_model(tmp_path_factory.getbasetemp()))) as running:
-        yield running
 
 
 def prompt(n: int) -> list[dict]:

@@ -9,7 +9,6 @@ import pytest
 from swarm.cli.serve import pin_trunk
 from swarm.server.app import DEFAULT_MAX_BODY_BYTES
 from swarm.server.served_model import ServedModel
-from tests.helpers.runs import tiny_model
 from tests.helpers.serving import MODEL, ServerThread, metric, start_engine
 
 BLOCK = 16
@@ -24,11 +23,6 @@ GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 def fresh(n: int) -> list[int]:
     """n token ids that share nothing with the trunk (the first one already differs)."""
     return [5 + (11 * i) % 310 for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

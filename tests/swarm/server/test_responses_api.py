@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from swarm.server.responses_protocol import chat_inputs_from_body
-from tests.helpers.runs import TINY_HARNESS, tiny_model, tiny_tokenizer
-from tests.helpers.serving import MODEL, ReplySampler, ServerThread, start_engine
+from tests.helpers.runs import TINY_HARNESS, tiny_tokenizer
+from tests.helpers.serving import MODEL, ServerThread, script, start_engine
 
 CODEX_REQUEST = Path(__file__).resolve().parents[2] / "data" / "harness_requests" / "codex" / "alpha-1.json"
 INSTRUCTIONS = "You are a coding agent."
@@ -25,30 +25,13 @@ GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 SMALL_POOL = 256
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
 def call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with ServerThread(start_engine(model_dir)) as running:
-        running.real_sampler = running.async_engine.engine.sampler
-        yield running
-
-
-@pytest.fixture()
-def client(server):
-    yield server.client()
-    server.async_engine.call(lambda engine: setattr(engine, "sampler", server.real_sampler)).result()
-
-
-def script(server: ServerThread, *replies: str) -> None:
-    server.async_engine.call(lambda engine: setattr(engine, "sampler", ReplySampler(engine, list(replies)))).result()
 
 
 def test_string_input_and_instructions_are_a_system_and_a_user_message(server, client):

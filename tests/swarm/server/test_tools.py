@@ -2,8 +2,6 @@
 reply (whole and streamed), and a conversation with calls and results rendered back in."""
 import json
 
-import pytest
-
 from engine import EngineOptions
 from engine.loading.tokenizer import Tokenizer
 from swarm.server.chat_output import OutputText, split_tool_output
@@ -11,8 +9,8 @@ from swarm.server.chat_prompt import ChatPrompter
 from swarm.server.protocol import ChatMessage
 from swarm.trunk.canonical import tools_block
 from tests.helpers.chat_templates import QWEN_TOOLS
-from tests.helpers.runs import TINY_HARNESS, tiny_model, tiny_tokenizer
-from tests.helpers.serving import MODEL, ReplySampler, ServerThread, start_engine
+from tests.helpers.runs import TINY_HARNESS, tiny_tokenizer
+from tests.helpers.serving import MODEL, script
 
 TOOLS = TINY_HARNESS["tools"]
 READ_CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
@@ -23,16 +21,6 @@ USER = {"role": "user", "content": "Fix a.py"}
 
 def messages(*items) -> list[ChatMessage]:
     return [ChatMessage.model_validate(item) for item in items]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServerThread(start_engine(tiny_model(tmp_path_factory.getbasetemp()))) as running:
-        yield running
-
-
-def script(server: ServerThread, *replies: str) -> None:
-    server.async_engine.call(lambda engine: setattr(engine, "sampler", ReplySampler(engine, list(replies)))).result()
 
 
 def test_tool_order_does_not_change_the_prompt_and_the_tools_block_starts_the_system_message():

@@ -71,7 +71,8 @@ def test_hostname_shapes(text, host):
     "bind the server to 127.0.0.1 or 8.8.8.8", "read docs.python.org and https://pypi.org/project/x",
     "copy .env.local to config.local.json", "use threading.local() and check err.internal",
     "follow https://peps.python.org/pep-0008/", "the top-5 and step-2 results", "version 10.2.1 of numpy",
-    "commit your changes", "commit 3 files",
+    "commit your changes", "commit 3 files", "pick claude-sonnet-5 or claude-fable-5", "qwen-coder-3 and gpt-5-codex-2",
+    "an example path: C:\\repo\\project\\main.py",
 ])
 def test_technical_words_are_not_hostnames_or_commits(text):
     assert kinds(text) == []
