@@ -112,9 +112,10 @@ def test_a_size_too_small_names_the_least_in_its_own_unit_too(tmp_path, model):
 
 def test_the_least_budget_runs_every_agent(tmp_path, model):
     """The check's arithmetic against the engine's: at the least budget each agent gets its turn."""
+    small = spec_with_budget(tmp_path, model, 64)   # the run's own folders: its suffixes name their paths
     with pytest.raises(SpecError) as caught:
-        check_trunk_fits(spec_with_budget(tmp_path, model, 64), tmp_path / "runs")
+        check_trunk_fits(small, small.out)
     least = stated(r"give at least ([\d,]+) tokens$", str(caught.value)).replace(",", "")
-    spec = spec_with_budget(tmp_path / "least", model, least)
+    spec = spec_with_budget(tmp_path, model, least)
     summary = SwarmRun(spec, new_run_dir(spec.out, spec.path), PlainView(io.StringIO())).run()
     assert [agent["status"] for agent in summary["agents"]] == ["done", "done"], summary["agents"]
