@@ -209,7 +209,7 @@ def kill_descendants(children: Children) -> int:
     running: set[int] = set()
     give_up = time.monotonic() + KILL_PATIENCE
     while time.monotonic() < give_up:
-        found = _descendants(os.getpid())
+        found = descendants(os.getpid())
         if not found:
             break
         for pid, state in found:
@@ -228,7 +228,7 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _descendants(ancestor: int) -> list[tuple[int, str]]:
+def descendants(ancestor: int) -> list[tuple[int, str]]:
     """Every process below `ancestor`, with its state letter, from /proc."""
     children_of: dict[int, list[tuple[int, str]]] = {}
     for name in os.listdir("/proc"):

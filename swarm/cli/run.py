@@ -12,6 +12,7 @@ from rich.console import Console
 
 from engine import SpecError, SwarmError
 from swarm.run.stop_flag import StopFlag
+from swarm.spec.external_harness import check_installed
 from swarm.spec.schema import SwarmSpec, load_spec
 
 if TYPE_CHECKING:
@@ -40,6 +41,11 @@ def run(
     Ctrl-C, or SIGTERM (docker stop, systemd, a CI timeout), stops cleanly at the next step: transcripts are complete, summary.json says "interrupted", and the exit code is 130 (Ctrl-C) or 143 (SIGTERM). A second signal stops at once. When limits.wall_time cuts agents short, summary.json says "wall_time".
     """
     swarm_spec = load_spec(spec)
+    if swarm_spec.external is not None:
+        check_installed(swarm_spec.external)   # before the model loads: a missing CLI is one line, at once
+        raise SpecError(f"{spec}: harness: {swarm_spec.external.name} is an external CLI, and `swarm run` does not "
+                         "launch those yet; serve the model with `swarm serve` and point the CLI at it (README: "
+                         "\"Real harnesses against swarm serve\")")
     if no_graphs:
         swarm_spec.graphs = False
     base = out_folder(swarm_spec, out)

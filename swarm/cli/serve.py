@@ -146,6 +146,8 @@ def spec_trunk_ids(spec, engine) -> list[int]:
     from swarm.trunk.canonical import build_prompts, trunk_source
     from swarm.trunk.suffix import Environment
 
+    if spec.external is not None:   # a CLI's prompt is known when it sends it: its first request computes it
+        return []
     source = trunk_source(load_harness(spec.harness), spec)
     environment = Environment.detect(spec.workspace.path if spec.workspace else Path.cwd())
     environments = {agent.name: environment for agent in spec.agents}

@@ -2,6 +2,8 @@
 
 A harness is a data file, `{"name", "description", "rules": [str], "tools": [OpenAI
 function schemas]}`, named by its file stem in `harness_templates/` or given by path.
+The same folder holds external harnesses, CLIs swarm launches as agents (a YAML file with a
+top-level `external:`); swarm/spec/external_harness.py reads those.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Harness:
 
 
 def available_harnesses() -> list[str]:
+    """Every template's name, built-in and external alike."""
     return sorted(p.stem for p in TEMPLATES_DIR.iterdir() if p.suffix in _SUFFIXES)
 
 

@@ -13,6 +13,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from engine import NAMED_MODELS, WEIGHT_SCHEMES, ModelLoadError, resolve_model
 from swarm.spec.backend import ENGINE_ONLY_KEYS, BackendSpec, read_backend
+from swarm.spec.external_harness import ExternalHarness, is_external_file, load_external_harness, read_external_harness
 from swarm.spec.harness import load_harness, resolve_harness
 from swarm.spec.kv_budget import KvBudget, parse_kv_budget
 from swarm.spec.reader import SpecReader, describe, end_line_of, line_of
@@ -82,6 +83,9 @@ class SwarmSpec:
     canonicalize: bool = False
     """`swarm serve SPEC`: move the volatile parts of clients' system texts to their first user message."""
     harness: Path | None = None
+    """The built-in harness file (rules and tools for swarm's own agent loop); None with an external one."""
+    external: ExternalHarness | None = None
+    """The CLI swarm launches as each agent (`harness: claude-code`, or an inline block); None when built in."""
     extra_tools: list[dict] = field(default_factory=list)
     extra_rules: list[str] = field(default_factory=list)
     task: str | None = None
@@ -118,8 +122,9 @@ def load_spec(path: str | Path, check_model: bool = True) -> SwarmSpec:
     spec.task = _task(reader, root.get("task"), "task")
     spec.agents = _agents(reader, root["agents"], spec.task)
     _read_engine_keys(reader, root, spec)
-    spec.harness = _harness(reader, root.get("harness"), root_node, base)
-    harness_tools = [tool_name(tool) for tool in load_harness(spec.harness).tools]
+    spec.harness, spec.external = _harness(reader, root.get("harness"), root_node, base)
+    _refuse_additions(reader, root, spec.external)
+    harness_tools = [tool_name(tool) for tool in load_harness(spec.harness).tools] if spec.harness else []
     spec.extra_rules = _rules(reader, root.get("extra_rules"), spec)
     spec.extra_tools = _tools(reader, root.get("extra_tools"), spec, harness_tools)
     spec.workspace = _workspace(reader, root.get("workspace"), base)
@@ -236,12 +241,26 @@ def _context(reader: SpecReader, node: Node | None, key: str) -> dict[str, str]:
     return context
 
 
-def _harness(reader: SpecReader, node: Node | None, root: Node, base: Path) -> Path:
+def _harness(reader: SpecReader, node: Node | None, root: Node,
+             base: Path) -> tuple[Path | None, ExternalHarness | None]:
+    """(built-in harness file, None) or (None, external harness): a name, a path or an inline block."""
+    if isinstance(node, MappingNode):
+        return None, read_external_harness(reader, node, "harness", base)
     ref = DEFAULT_HARNESS if node is None else reader.typed(node, "harness", str)
     try:
-        return resolve_harness(ref, base)
+        path = resolve_harness(ref, base)
     except ValueError as err:
         raise reader.fail(node or root, "harness", str(err)) from None
+    return (None, load_external_harness(path)) if is_external_file(path) else (path, None)
+
+
+def _refuse_additions(reader: SpecReader, root: dict[str, Node], external: ExternalHarness | None) -> None:
+    """A CLI brings its own prompt and tools; swarm has no way to add rules or tools to them."""
+    for key in ("extra_rules", "extra_tools"):
+        if external is not None and key in root:
+            raise reader.fail(root[key], key, f"the external harness {external.name} keeps its own prompt and "
+                                              f"tools, so swarm cannot add {key.removeprefix('extra_')} to it; "
+                                              "drop the key or use a built-in harness")
 
 
 def _rules(reader: SpecReader, node: Node | None, spec: SwarmSpec) -> list[str]:

@@ -167,6 +167,10 @@ def render_spec(spec: SwarmSpec) -> RenderedSpec:
     if not spec.model:
         raise SpecError(f"{spec.path}: model: inspect-prefix renders the prompts with the model's tokenizer and "
                         f"chat template; set model: to a local copy of {spec.backend.model!r}")
+    if spec.external is not None:
+        raise SpecError(f"{spec.path}: harness: {spec.external.name} is an external CLI, whose prompt swarm sees only "
+                        "when it sends one: capture its first requests with `swarm serve --capture DIR` and read "
+                        "them with `swarm inspect-prefix --requests DIR`")
     tokenizer = load_tokenizer(spec.model)
     harness = load_harness(spec.harness)
     source = trunk_source(harness, spec)
