@@ -16,7 +16,7 @@ from engine.loading.tokenizer import Tokenizer
 from kernels.reference.quant_blocks import QuantizedTensor
 
 if TYPE_CHECKING:
-    from engine.loading.gguf_file import KeepBlocks
+    from engine.loading.gguf_weights import KeepBlocks
 
 
 def load_model_config(ref: str | ModelSource) -> ModelConfig:
@@ -56,7 +56,7 @@ def iter_weights(ref: str | ModelSource, keep: "KeepBlocks | None" = None
         yield from source.weights(keep)
         return
     if source.kind == "gguf":
-        from engine.loading.gguf_file import iter_gguf_weights
+        from engine.loading.gguf_weights import iter_gguf_weights
         yield from iter_gguf_weights(source.path, keep)
         return
     for file in _safetensors_files(source.path):

@@ -25,7 +25,7 @@ from engine.model import CausalLM
 from kernels.reference.quant_blocks import QuantizedTensor, block_layout
 
 if TYPE_CHECKING:
-    from engine.loading.gguf_file import KeepBlocks
+    from engine.loading.gguf_weights import KeepBlocks
 
 SHAPES = {
     # Qwen/Qwen3-8B's config.json, the fields the engine reads

@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
 from engine.loading.config import ModelConfig
-from engine.loading.gguf_file import (
-    gguf_file_type,
-    iter_gguf_weights,
-    read_gguf_config,
-    read_gguf_tensors,
-    read_gguf_tokenizer,
-)
+from engine.loading.gguf_file import gguf_file_type, read_gguf_config, read_gguf_tokenizer
+from engine.loading.gguf_weights import iter_gguf_weights, read_gguf_tensors
 from kernels.reference.gguf_dequant import dequantize
 from kernels.reference.quant_blocks import KEPT_FORMATS, QuantizedTensor
 from tests.helpers.tiny_gguf import (
