@@ -29,7 +29,7 @@ from engine import AsyncEngine, RequestFailed
 from swarm.server.anthropic_protocol import MessagesInput, MessagesRequest, anthropic_error_body
 from swarm.server.generation import ServeContext, answer, check_model, start_chat_job
 from swarm.server.protocol import ApiError
-from swarm.server.responses import Finished, Job, note_finish
+from swarm.server.responses import ClientReply, Finished, Job, engine_deltas, note_finish
 
 log = logging.getLogger("swarm.serve")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -41,7 +41,7 @@ def add_anthropic_routes(app: FastAPI, ctx: ServeContext) -> None:
         check_model(body, ctx.model, CLIENT_HINT)
         job = await _start(ctx, body)
         events = message_events(ctx.engine, job) if body.stream else None
-        return await answer(ctx.engine, job, body.stream, request, events, lambda: message_response(job))
+        return await answer(ctx, job, body.stream, request, events, lambda: message_response(job))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: MessagesInput):
@@ -68,6 +68,8 @@ CLIENT_HINT = ("; Claude Code asks for the model named by ANTHROPIC_MODEL (and A
 async def _start(ctx: ServeContext, body: MessagesRequest) -> Job:
     job = await start_chat_job(ctx, body, body.chat_inputs(), "messages")
     job.request_id = f"msg_{uuid.uuid4().hex[:24]}"
+    job.client_reply = lambda finished: ClientReply(stop_reason(job, finished)[0], finished.output.content or "",
+                                                    [_tool_use(call) for call in finished.output.tool_calls])
     return job
 
 
@@ -124,7 +126,7 @@ async def message_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
 async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The cached-token count comes with the first step, so message_start waits for it."""
     started, text_open = False, False
-    async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
+    async with aclosing(engine_deltas(engine, job)) as deltas:
         async for delta in deltas:
             if not started:
                 yield _sse("message_start", {"type": "message_start", "message": {

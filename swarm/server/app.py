@@ -11,6 +11,10 @@ Every error is a 4xx/5xx with OpenAI's body, `{"error": {"message", "type", "par
 A request is checked before the engine computes anything for it: body size, then (in a worker
 thread, as rendering and tokenizing a long prompt takes seconds) its prompt, then whether the
 prompt fits the context and the KV blocks the pinned trunk leaves it.
+
+With `agent_keys` (key -> agent name, what `swarm run` gives its harnesses), each /v1/* request needs
+one of those keys and is its agent's: in `request.state.agent`, on the generation job, in the
+exchange records (swarm/server/exchanges.py) and in the swarm_agent_* metrics.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ from swarm.server.anthropic_routes import add_anthropic_routes
 from swarm.server.canonicalize import Canonicalizer
 from swarm.server.capture import RequestCapture
 from swarm.server.chat_prompt import ChatPrompter
+from swarm.server.exchanges import ExchangeListener, Exchanges
 from swarm.server.generation import Limits, ServeContext
-from swarm.server.metrics import CanonicalizedCounts, ReplyCounts, metrics_registry
+from swarm.server.metrics import AgentCounts, CanonicalizedCounts, ReplyCounts, metrics_registry
 from swarm.server.openai_routes import add_openai_routes
 from swarm.server.protocol import ApiError, error_body, validation_message
 from swarm.server.responses_routes import add_responses_routes
@@ -44,19 +49,24 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, capture_dir: Path | None = None,
-              canonicalize: bool = False) -> FastAPI:
+              canonicalize: bool = False, agent_keys: dict[str, str] | None = None,
+              exchanges: ExchangeListener | None = None) -> FastAPI:
     app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     if capture_dir is not None:  # inside the body limit: it sees only bodies the server takes
         app.add_middleware(RequestCapture, folder=capture_dir)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # inside the key check: its errors reach ours
-    if api_key:
-        _require_key(app, api_key)
+    keys = {api_key: None} if api_key else {}
+    if keys or agent_keys:
+        _require_key(app, {**keys, **(agent_keys or {})})
     tokenizer = engine.engine.tokenizer
     canonicalized = CanonicalizedCounts() if canonicalize else None
     prompter = ChatPrompter(tokenizer, Canonicalizer(canonicalized) if canonicalized is not None else None)
-    ctx = ServeContext(engine, model, Limits.of(engine), tokenizer, prompter, ReplyCounts())
-    registry = metrics_registry(engine, model, ctx.replies, canonicalized)
+    per_agent = AgentCounts(sorted(set(agent_keys.values()))) if agent_keys else None
+    listeners = [listener for listener in (per_agent, exchanges) if listener is not None]
+    ctx = ServeContext(engine, model, Limits.of(engine), tokenizer, prompter, ReplyCounts(),
+                       Exchanges(listeners) if listeners else None)
+    registry = metrics_registry(engine, model, ctx.replies, canonicalized, per_agent)
     add_openai_routes(app, ctx)
     add_responses_routes(app, ctx)
     add_anthropic_routes(app, ctx)
@@ -120,23 +130,32 @@ def _content_length(scope: Scope) -> int:
     return int(value) if value.isdigit() else -1
 
 
-def _require_key(app: FastAPI, api_key: str) -> None:
-    """/v1/* asks for `Authorization: Bearer <key>`, as OpenAI and vLLM do, or `x-api-key: <key>` from an
-    Anthropic client; /health and /metrics stay open."""
-    expected, key = f"Bearer {api_key}".encode(), api_key.encode()
+def _require_key(app: FastAPI, keys: dict[str, str | None]) -> None:
+    """/v1/* asks for one of `keys` as `Authorization: Bearer <key>`, as OpenAI and vLLM do, or
+    `x-api-key: <key>` from an Anthropic client, and is then the key's agent's (None: nobody's);
+    /health and /metrics stay open."""
+    assert all(keys), "an empty key would let in requests that send none"
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
-        given = request.headers.get("authorization", "").encode()
+        if not request.url.path.startswith("/v1"):
+            return await call_next(request)
         anthropic = is_anthropic_request(request.url.path, request.headers)
-        x_api_key = request.headers.get("x-api-key", "").encode()
-        if request.url.path.startswith("/v1") and not hmac.compare_digest(given, expected) and not (
-                anthropic and hmac.compare_digest(x_api_key, key)):
-            body = error_body("missing or wrong API key: send the key swarm serve was started with as "
-                              "`Authorization: Bearer <key>`" + (" or `x-api-key: <key>`" if anthropic else ""),
+        holders = [agent for key, agent in keys.items() if _carries(request.headers, key, anthropic)]
+        if not holders:
+            body = error_body("missing or wrong API key: send the key swarm serve was started with (under swarm "
+                              "run, the agent's own) as `Authorization: Bearer <key>`"
+                              + (" or `x-api-key: <key>`" if anthropic else ""),
                               "invalid_request_error", code="invalid_api_key")
             return _error(request, 401, body)
+        request.state.agent = holders[0]
         return await call_next(request)
+
+
+def _carries(headers: Headers, key: str, anthropic: bool) -> bool:
+    """Compared in constant time, so the time taken tells nothing of how nearly a key matched."""
+    bearer = hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {key}".encode())
+    return bearer or (anthropic and hmac.compare_digest(headers.get("x-api-key", "").encode(), key.encode()))
 
 
 def _error(request: Request, status: int, body: dict, headers=None) -> JSONResponse:

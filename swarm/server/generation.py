@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from engine import AsyncEngine, Tokenizer
 from swarm.server.chat_output import OutputText
 from swarm.server.chat_prompt import ChatPrompter
+from swarm.server.exchanges import Exchanges
 from swarm.server.forced_call import forced_call_start
 from swarm.server.metrics import ReplyCounts
 from swarm.server.protocol import ApiError, ChatMessage, GenerationRequest
@@ -50,6 +51,7 @@ class ServeContext:
     tokenizer: Tokenizer
     prompter: ChatPrompter
     replies: ReplyCounts
+    exchanges: Exchanges | None = None   # None: nobody listens, and no records are made
 
 
 @dataclass(slots=True)
@@ -126,26 +128,54 @@ async def start_job(ctx: ServeContext, body: GenerationRequest, prompt_ids: list
 
 
 class EventStream(StreamingResponse):
-    """Closes its events however the response ends, so a client that left cancels its request now."""
+    """Closes its events however the response ends, so a client that left cancels its request now;
+    then `on_close()`."""
+
+    def __init__(self, *args, on_close: Callable[[], None] = lambda: None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.on_close()
 
 
-async def answer(engine: AsyncEngine, job: Job, stream: bool, request: Request,
+async def answer(ctx: ServeContext, job: Job, stream: bool, request: Request,
                  events: AsyncIterator[str] | None = None, whole: Callable[[], dict] | None = None) -> Response:
     """The job's reply, streamed or whole, in an API's shapes: `events`, its event stream (chat and
     completions chunks by default); `whole()`, its body once the job is done (the chat body by default).
-    A client that leaves before a whole reply gets a 499, and its request is cancelled."""
+    A client that leaves before a whole reply gets a 499, and its request is cancelled. The job is the
+    agent's whose key the request carried, and the listeners hear of it here, for every API alike."""
+    job.agent = getattr(request.state, "agent", None)
+    finish = await _report_start(ctx.exchanges, job, request)
     if stream:
-        return EventStream(generate_events(engine, job) if events is None else events, media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventStream(generate_events(ctx.engine, job) if events is None else events,
+                           media_type="text/event-stream", headers={"Cache-Control": "no-cache",
+                                                                    "X-Accel-Buffering": "no"}, on_close=finish)
     try:
-        body = await generate_all(engine, job, request)
+        body = await generate_all(ctx.engine, job, request)
     except ClientGone:
         log.info("client of %s went away; request cancelled", job.request_id)
         return Response(status_code=499)
+    finally:
+        finish()
     return JSONResponse(body if whole is None else whole())
+
+
+async def _report_start(exchanges: Exchanges | None, job: Job, request: Request) -> Callable[[], None]:
+    """Tells the listeners the job started; what tells them, once, that it finished."""
+    if exchanges is None:
+        return lambda: None
+    path = request.url.path
+    exchanges.started(job, path, await request.json())
+    told = False
+
+    def finish() -> None:
+        nonlocal told
+        if not told:
+            told = True
+            exchanges.finished(job, path)
+    return finish

@@ -13,6 +13,10 @@
     swarm_generation_tokens_total, swarm_preemptions_total, swarm_engine_step_errors_total
     swarm_canonicalized_requests_total              requests --canonicalize changed (with the flag only)
     swarm_canonicalized_chars_total{rule}           characters it moved out of system texts, by rule
+    swarm_agent_requests_total{agent}               with agent keys: requests started, by the key's agent;
+    swarm_agent_prompt_tokens_total{agent}          their prompt tokens, and of the finished ones the
+    swarm_agent_cached_tokens_total{agent}          tokens read from the prefix cache and the tokens
+    swarm_agent_generated_tokens_total{agent}       generated (cancelled and failed requests too)
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.registry import Collector
 
 from engine import AsyncEngine, EngineSnapshot
+from swarm.server.exchanges import ExchangeFinished, ExchangeStarted
 from swarm.server.served_model import ServedModel
 
 FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
@@ -72,6 +77,38 @@ class CanonicalizedCounts(Collector):
         yield moved
 
 
+class AgentCounts(Collector):
+    """Requests and tokens by agent, as an exchange listener (swarm/server/exchanges.py); read per scrape."""
+
+    FIELDS = {"requests": "Requests started", "prompt_tokens": "Prompt tokens of the requests started",
+              "cached_tokens": "Prompt tokens read from the prefix cache, of the requests finished",
+              "generated_tokens": "Tokens generated, of the requests finished"}
+
+    def __init__(self, agents: list[str]):
+        self._counts = {agent: Counter() for agent in agents}
+        self._lock = threading.Lock()
+
+    def started(self, record: ExchangeStarted) -> None:
+        self._add(record.agent, requests=1, prompt_tokens=record.prompt_tokens)
+
+    def finished(self, record: ExchangeFinished) -> None:
+        self._add(record.agent, cached_tokens=record.cached_tokens, generated_tokens=record.generated_tokens)
+
+    def _add(self, agent: str | None, **amounts: int) -> None:
+        if agent is not None:
+            with self._lock:
+                self._counts.setdefault(agent, Counter()).update(amounts)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts = {agent: Counter(counted) for agent, counted in self._counts.items()}
+        for name, documentation in self.FIELDS.items():
+            family = CounterMetricFamily(f"swarm_agent_{name}", f"{documentation}, by agent.", labels=["agent"])
+            for agent in sorted(counts):
+                family.add_metric([agent], counts[agent][name])
+            yield family
+
+
 class EngineCollector(Collector):
     def __init__(self, engine: AsyncEngine, model: ServedModel, replies: ReplyCounts):
         self.engine = engine
@@ -87,11 +124,13 @@ class EngineCollector(Collector):
 
 
 def metrics_registry(engine: AsyncEngine, model: ServedModel, replies: ReplyCounts,
-                     canonicalized: CanonicalizedCounts | None = None) -> CollectorRegistry:
+                     *optional: Collector | None) -> CollectorRegistry:
+    """The engine's metrics, and those of each optional collector that is there."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model, replies))
-    if canonicalized is not None:
-        registry.register(canonicalized)
+    for collector in optional:
+        if collector is not None:
+            registry.register(collector)
     return registry
 
 

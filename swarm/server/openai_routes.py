@@ -20,7 +20,7 @@ def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body, ctx.model)
         job = await start_chat_job(ctx, body, ChatInputs(body.messages, body.tools, body.tool_choice), "messages")
-        return await answer(ctx.engine, job, body.stream, request)
+        return await answer(ctx, job, body.stream, request)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -28,7 +28,7 @@ def add_openai_routes(app: FastAPI, ctx: ServeContext) -> None:
         ids = await run_in_threadpool(completion_ids, body.single_prompt(), ctx.tokenizer, ctx.limits)
         output = OutputText(ctx.tokenizer, body.stop_strings(), tool_calls=False)
         job = await start_job(ctx, body, ids, "prompt", output, chat=False)
-        return await answer(ctx.engine, job, body.stream, request)
+        return await answer(ctx, job, body.stream, request)
 
 
 def chat_inputs_from_body(body: dict) -> ChatInputs:

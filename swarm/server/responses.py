@@ -35,6 +35,20 @@ class Finished:
 
 
 @dataclass(slots=True)
+class ClientReply:
+    """A finished reply in its API's words: the finish reason and tool calls its client got."""
+
+    finish_reason: str
+    text: str
+    tool_calls: list[dict]
+
+
+def chat_reply(finished: Finished) -> ClientReply:
+    """OpenAI's chat and completions words, which are swarm's own."""
+    return ClientReply(finished.finish_reason, finished.output.content or "", finished.output.tool_calls)
+
+
+@dataclass(slots=True)
 class Job:
     """A validated request, ready for the engine."""
 
@@ -49,6 +63,10 @@ class Job:
     on_finish: Callable[[str], None] = lambda finish_reason: None
     finished: Finished | None = None
     forced_tokens: int = 0       # the prompt's last tokens that start a forced call (swarm/server/forced_call.py)
+    agent: str | None = None     # whose key the request came with (swarm/server/app.py)
+    client_reply: Callable[[Finished], ClientReply] = chat_reply   # each API sets its own words
+    num_cached_tokens: int = 0   # as the engine last said, also when the request never finishes
+    error: str | None = None     # why the engine failed it
 
     def generated_tokens(self) -> int:
         """The reply's tokens the model wrote: a forced call's start is the prompt's, not generated."""
@@ -107,9 +125,21 @@ async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     yield DONE
 
 
+async def engine_deltas(engine: AsyncEngine, job: Job) -> AsyncIterator[GenerationDelta]:
+    """The engine's deltas for the job, which notes its cached tokens and, before it propagates, a failure."""
+    try:
+        async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
+            async for delta in deltas:
+                job.num_cached_tokens = delta.num_cached_tokens
+                yield delta
+    except RequestFailed as err:
+        job.error = str(err)
+        raise
+
+
 async def text_pieces(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The text as it becomes safe to send; the finish is left on job.finished."""
-    async with aclosing(engine.generate(job.prompt_ids, job.params, job.request_id)) as deltas:
+    async with aclosing(engine_deltas(engine, job)) as deltas:
         async for delta in deltas:
             piece = job.output.add(delta.token_ids)
             if piece:

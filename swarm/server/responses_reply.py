@@ -22,7 +22,7 @@ from contextlib import aclosing
 from typing import AsyncIterator
 
 from engine import AsyncEngine, RequestFailed
-from swarm.server.responses import Finished, Job, text_pieces
+from swarm.server.responses import ClientReply, Finished, Job, text_pieces
 from swarm.server.responses_protocol import ResponsesRequest
 from swarm.server.responses_tools import ToolNames
 
@@ -36,6 +36,7 @@ class ResponseReply:
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self._sequence = itertools.count()
         self._items: list[dict] | None = None
+        job.client_reply = self._client_reply
 
     def response(self, status: str = "completed", output: list[dict] | None = None, error: dict | None = None) -> dict:
         """The response object; after the generation, the whole one."""
@@ -140,6 +141,10 @@ class ResponseReply:
         item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"], "name": name,
                 "arguments": call["function"]["arguments"], "status": "completed"}
         return {**item, "namespace": namespace} if namespace else item
+
+    def _client_reply(self, finished: Finished) -> ClientReply:
+        calls = [item for item in self.output_items() if item["type"] == "function_call"]
+        return ClientReply(self._status(finished), finished.output.content or "", calls)
 
     def _status(self, finished: Finished) -> str:
         return "incomplete" if finished.finish_reason == "length" else "completed"

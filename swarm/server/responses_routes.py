@@ -23,7 +23,7 @@ def add_responses_routes(app: FastAPI, ctx: ServeContext) -> None:
         check_model(body, ctx.model)
         reply = await start_reply(ctx, body)
         events = reply.events(ctx.engine) if body.stream else None
-        return await answer(ctx.engine, reply.job, body.stream, request, events, reply.response)
+        return await answer(ctx, reply.job, body.stream, request, events, reply.response)
 
 
 async def start_reply(ctx: ServeContext, body: ResponsesRequest) -> ResponseReply:
