@@ -109,9 +109,14 @@ def test_a_rows_result_depends_neither_on_its_neighbours_nor_on_the_batch_size()
     with_others[1:] = fresh(15, 512)
     full = qm.quant_matmul(x, weight)
     assert torch.equal(qm.quant_matmul(with_others, weight)[0], full[0])
-    # numpy's matmul, which the interpreter's tl.dot calls, takes another path for one row
-    for rows in (2, 3) if qm.INTERPRETED else (1, 2, 3):
-        assert torch.equal(qm.quant_matmul(x[:rows], weight), full[:rows]), f"{rows} rows"
+    # the interpreter's tl.dot is numpy's matmul, whose BLAS picks its summation order by the row count
+    # on some CPUs (OpenBLAS on this AMD EPYC: 1-3 rows differ from 16 in the last bits): exact on a GPU only
+    for rows in (1, 2, 3):
+        part = qm.quant_matmul(x[:rows], weight)
+        if qm.INTERPRETED:
+            torch.testing.assert_close(part, full[:rows], rtol=1e-5, atol=1e-4, msg=f"{rows} rows")
+        else:
+            assert torch.equal(part, full[:rows]), f"{rows} rows"
 
 
 def test_decode_split_across_programs_matches_the_oracle_and_repeats_exactly():
