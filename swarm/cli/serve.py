@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from engine import DEFAULT_MODEL, WEIGHT_SCHEMES, OptionError, SwarmError
+from swarm.server.loopback import bind
 
 TRUNK_REQUEST_ID = "trunk"
 
@@ -94,22 +95,6 @@ def serve(
                capture_dir=capture)
     finally:
         listener.close()
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket, taken before the model loads so a busy port fails at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(2048)
-    except (OSError, OverflowError) as err:
-        sock.close()
-        reason = getattr(err, "strerror", None) or str(err)
-        raise SwarmError(f"cannot listen on {host}:{port}: {reason}; pass another --port "
-                         "(0 picks a free one) or --host") from None
-    return sock
 
 
 def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, log_level: str,

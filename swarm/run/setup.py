@@ -45,7 +45,7 @@ def prepare_ground(spec: SwarmSpec, run_dir: Path) -> SwarmGround:
     source = trunk_source(load_harness(spec.harness), spec)
     tool_names = [segment.tool["function"]["name"] for segment in source.tools]
     _check_commands(spec, tool_names)
-    workspaces = {agent.name: _workspace(spec, agent, run_dir) for agent in spec.agents}
+    workspaces = {agent.name: agent_workspace(spec, agent, run_dir) for agent in spec.agents}
     now = datetime.now(timezone.utc)
     environments = {name: Environment.detect(ws.root, now) for name, ws in workspaces.items()}
     return SwarmGround(source, tool_names, workspaces, environments)
@@ -60,7 +60,8 @@ def make_agents(spec: SwarmSpec, ground: SwarmGround, prompt_tokens: dict[str, i
             for index, agent in enumerate(spec.agents)]
 
 
-def _workspace(spec: SwarmSpec, agent: AgentSpec, run_dir: Path) -> Workspace:
+def agent_workspace(spec: SwarmSpec, agent: AgentSpec, run_dir: Path) -> Workspace:
+    """The agent's copy of the project under `<run>/workspaces/<agent>` (mode copy), or the shared one."""
     workspace = spec.workspace
     dest = run_dir / "workspaces" / agent.name if workspace.mode == "copy" else None
     return prepare_workspace(workspace.path, dest, workspace.mode)

@@ -50,6 +50,11 @@ def confine(argv: Sequence[str], workspace: Path) -> ConfinedCommand:
     return ConfinedCommand(mounted_argv(argv, workspace), workspace, MOUNT_NAMESPACE, AGENT_WORKSPACE)
 
 
+def seen_workspace(workspace: Path) -> str:
+    """The path a confined command sees `workspace` at: AGENT_WORKSPACE where confine mounts it there."""
+    return AGENT_WORKSPACE if mount_namespace_available() else str(Path(workspace).resolve())
+
+
 def mounted_argv(argv: Sequence[str], workspace: Path) -> list[str]:
     unshare, mount = shutil.which("unshare"), shutil.which("mount")
     assert unshare and mount, "mount_namespace_available() said yes"

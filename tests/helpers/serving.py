@@ -14,12 +14,11 @@ from pathlib import Path
 
 import httpx
 import openai
-import uvicorn
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import EngineOptions, LLMEngine
-from swarm.cli.serve import bind
 from swarm.server.app import build_app
+from swarm.server.loopback import BackgroundServer, bind
 from swarm.server.served_model import ServedModel
 from tests.helpers.runs import EOS_ID
 
@@ -34,12 +33,9 @@ class ServerThread:
                  **app_options):
         self.async_engine = AsyncEngine(engine).start()
         self.served = model or ServedModel(MODEL)
-        self.listener = bind("127.0.0.1", 0)
-        self.port = self.listener.getsockname()[1]
         app = build_app(self.async_engine, self.served, api_key, **app_options)
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
+        self.background = BackgroundServer(app, bind("127.0.0.1", 0))
+        self.port = self.background.port
 
     @property
     def url(self) -> str:
@@ -55,18 +51,12 @@ class ServerThread:
         return parse_metrics(httpx.get(self.url + "/metrics").text)
 
     def __enter__(self) -> "ServerThread":
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
+        self.background.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.background.stop()
         self.async_engine.shutdown()
-        self.listener.close()
 
 
 def start_engine(model_dir: Path, **options) -> LLMEngine:

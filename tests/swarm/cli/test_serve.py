@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from swarm.cli.main import main
-from swarm.cli.serve import _settings, bind
+from swarm.cli.serve import _settings
+from swarm.server.loopback import bind
 from swarm.spec.tool_schema import canonical_tools
 from swarm.trunk.canonical import tools_block
 from tests.helpers.runs import TINY_HARNESS, tiny_model, tiny_tokenizer, write_run_spec
