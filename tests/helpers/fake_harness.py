@@ -110,7 +110,8 @@ class ResponsesConversation:
     def turn(self) -> tuple[str, list[Call]]:
         events = self.client.responses.create(model=self.model, instructions=self.instructions, input=self.input,
                                               tools=self.tools, stream=True, store=False)
-        reply = next(event.response for event in events if event.type == "response.completed")
+        ended = ("response.completed", "response.incomplete")   # incomplete: the reply reached its token limit
+        reply = next(event.response for event in events if event.type in ended)
         self.input += [item.model_dump(exclude_none=True) for item in reply.output]
         calls = [Call(item.call_id, item.name, json.loads(item.arguments or "{}"))
                  for item in reply.output if item.type == "function_call"]

@@ -180,11 +180,10 @@ def test_swarm_run_with_a_missing_harness_stops_with_one_line_before_the_model_l
     assert sorted(p.name for p in tmp_path.iterdir()) == ["swarm.yaml"]   # no run folder: nothing started
 
 
-@pytest.mark.parametrize("command", ["run", "inspect-prefix"])
-def test_an_installed_external_harness_is_one_line_in_the_commands_that_cannot_take_it_yet(tmp_path, command):
+def test_inspect_prefix_on_an_external_harness_says_in_one_line_to_capture_its_requests(tmp_path):
     spec = write_spec(tmp_path, INLINE.replace("fake-cli,", f"{sys.executable},"))
-    result = subprocess.run([sys.executable, "-m", "swarm", command, str(spec)], cwd=REPO, env=ENV,
+    result = subprocess.run([sys.executable, "-m", "swarm", "inspect-prefix", str(spec)], cwd=REPO, env=ENV,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1 and "fake-cli is an external CLI" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["swarm.yaml"]
+    assert "swarm inspect-prefix --requests" in result.stderr

@@ -1,0 +1,155 @@
+"""`swarm run` with an external harness: N copies of a real CLI (Claude Code, Codex, ...) as agents, on
+one engine served in this process.
+
+    load the model -> serve it on a loopback port, one key per agent (swarm/server/app.py)
+    -> the first agent alone until its first request is answered: its trunk (tools, system text) is
+       computed once and sits in the prefix cache -> the others, whose first requests start with it
+    -> wait: every CLI exits, or wall_time, a signal, or an agent past max_turns requests or
+       max_tokens generated tokens (that agent's CLI is stopped)
+    -> stop every CLI's process tree; summary.json and the transcripts (swarm/run/exchange_log.py)
+
+Each agent's requests and replies are in `agent-<name>.jsonl`, what its CLI printed beside it, and its
+exit code in the summary. Where no mount namespace puts every workspace at one path, the server
+canonicalizes the requests (`swarm serve --canonicalize`) so the cwd in them does not split the trunk.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+from engine import AsyncEngine, EngineOptions, LLMEngine
+from swarm.run.exchange_log import ExchangeLog
+from swarm.run.external_launch import AgentLaunch, agent_keys, prepare_launches
+from swarm.run.harness_process import stop_all
+from swarm.run.stop_flag import StopFlag
+from swarm.run.summary import write_summary
+from swarm.run.workspace_mount import MOUNT_NAMESPACE, mount_namespace_available
+from swarm.server.app import build_app
+from swarm.server.loopback import BackgroundServer, bind
+from swarm.server.served_model import ServedModel
+from swarm.spec.schema import SwarmSpec
+
+POLL_SECONDS = 0.1
+STOP_GRACE = 5.0
+
+
+class ExternalRun:
+    def __init__(self, spec: SwarmSpec, run_dir: Path, out: TextIO, stop: StopFlag):
+        self.spec, self.run_dir, self.out, self.stop = spec, run_dir, out, stop
+        self.start = time.monotonic()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.log = ExchangeLog(run_dir, [agent.name for agent in spec.agents], spec.limits.max_turns,
+                               spec.limits.max_tokens, self.start)
+        self.launches: list[AgentLaunch] = []
+        self.ends: dict[str, str] = {}
+        self.engine: AsyncEngine | None = None
+        self.server: BackgroundServer | None = None
+
+    def run(self) -> dict:
+        status, error = "completed", ""
+        try:
+            self._open()
+            self._launch_all()
+            status = self._wait()
+        except Exception as err:   # the harnesses are stopped and the summary written either way
+            status, error = "error", f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            summary = self._close(status, error)
+        return summary
+
+    def _open(self) -> None:
+        spec = self.spec
+        budget = spec.kv_budget
+        engine = LLMEngine(spec.model, EngineOptions(device=spec.device, dtype=spec.dtype, weights=spec.weights,
+                                                     cuda_graphs=spec.graphs,
+                                                     kv_budget_tokens=budget.tokens if budget else None,
+                                                     kv_budget_bytes=budget.bytes if budget else None))
+        self.context = engine.config.max_position_embeddings
+        self.engine = AsyncEngine(engine).start()
+        self.keys = agent_keys(spec)
+        self.model = engine.source.display_name
+        app = build_app(self.engine, ServedModel(self.model), agent_keys={key: name for name, key in self.keys.items()},
+                        exchanges=self.log, canonicalize=not mount_namespace_available())
+        self.server = BackgroundServer(app, bind("127.0.0.1", 0)).start()
+        self._say(f"serving {self.model} at {self.server.url} for {len(spec.agents)} {spec.external.name} agents")
+
+    def _launch_all(self) -> None:
+        self.launches = prepare_launches(self.spec, self.run_dir, self.keys, self.server.url, self.model,
+                                         self.context, self.spec.sampling.max_tokens)
+        first, *rest = self.launches
+        self._start(first)
+        while not self.log.first_finished.is_set() and first.process.poll() is None and not self._stopping():
+            time.sleep(POLL_SECONDS)
+        for launch in rest:
+            if not self._stopping():
+                self._start(launch)
+
+    def _wait(self) -> str:
+        deadline = self.start + self.spec.limits.wall_time
+        while any(launch.process.poll() is None for launch in self.launches):
+            if self.stop.requested:
+                return "interrupted"
+            if time.monotonic() > deadline:
+                self._end_running("wall_time")
+                return "wall_time"
+            self._stop_over_limit()
+            time.sleep(POLL_SECONDS)
+        return "completed"
+
+    def _stopping(self) -> bool:
+        return self.stop.requested or time.monotonic() > self.start + self.spec.limits.wall_time
+
+    def _start(self, launch: AgentLaunch) -> None:
+        launch.process.start()
+        self._say(f"{launch.agent} started: pid {launch.process.pid} in {launch.seen_workspace}")
+
+    def _stop_over_limit(self) -> None:
+        for launch in self.launches:
+            reason = self.log.over_limit().get(launch.agent)
+            if reason and launch.agent not in self.ends and launch.process.poll() is None:
+                self.ends[launch.agent] = reason
+                stop_all([launch.process], STOP_GRACE)
+                self._say(f"{launch.agent} stopped: {reason}")
+
+    def _end_running(self, reason: str) -> None:
+        running = [launch for launch in self.launches if launch.process.poll() is None]
+        self.ends.update({launch.agent: reason for launch in running if launch.agent not in self.ends})
+        stop_all([launch.process for launch in running], STOP_GRACE)
+
+    def _close(self, status: str, error: str) -> dict:
+        with self.stop.shielded():
+            self._end_running("interrupted" if status in ("interrupted", "error") else "stopped")
+            if self.server is not None:
+                self.server.stop()
+            if self.engine is not None:
+                self.engine.shutdown()
+            self.log.close()
+            summary = self._summary(status, error)
+            write_summary(self.run_dir, summary)
+        self._say(f"{status}: summary in {self.run_dir / 'summary.json'}")
+        return summary
+
+    def _summary(self, status: str, error: str) -> dict:
+        confinement = {launch.confinement for launch in self.launches} or {"none"}
+        return {"status": status, "run": self.run_dir.name, "run_dir": str(self.run_dir), "spec": str(self.spec.path),
+                "started_at": self.started_at, "model": getattr(self, "model", None),
+                "harness": self.spec.external.name, "api": self.spec.external.api,
+                "workspace_path": "one path (mount namespace)" if confinement == {MOUNT_NAMESPACE} else
+                "each agent's own (requests canonicalized)",
+                "seconds": round(time.monotonic() - self.start, 3), "error": error,
+                "agents": [self._agent(launch) for launch in self.launches]}
+
+    def _agent(self, launch: AgentLaunch) -> dict:
+        process = launch.process
+        ended = self.ends.get(launch.agent, "exited" if process.pid else "not_started")
+        return {"name": launch.agent, "exit_code": process.exit_code, "end_reason": ended,
+                **self.log.counts[launch.agent].to_json(),
+                "workspace": str(launch.workspace.root), "seen_workspace": launch.seen_workspace,
+                "confinement": launch.confinement, "transcript": f"agent-{launch.agent}.jsonl",
+                "stdout": process.stdout_path.name, "stderr": process.stderr_path.name}
+
+    def _say(self, line: str) -> None:
+        print(f"[{time.monotonic() - self.start:7.1f}s] {line}", file=self.out, flush=True)

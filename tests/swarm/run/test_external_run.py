@@ -1,0 +1,83 @@
+"""`swarm run` with an external harness, end to end as a user runs it: the fake harness CLI
+(tests/helpers/fake_harness.py) as the agents, on the tiny model served in the run's own process."""
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.processes import HANG_GUARD, PYTHON, REPO, is_running, wait_for
+from tests.helpers.runs import read_transcript, swarm, tiny_model
+
+FAKE = REPO / "tests" / "helpers" / "fake_harness.py"
+SPEC = """\
+model: {model}
+task: Fix the bug in a.py.
+agents: {agents}
+workspace: {project}
+out: {out}
+harness:
+  name: fake
+  api: {api}
+  command: [{python}, {fake}, --api, {api}, --base-url, "{{base_url}}{suffix}", --api-key, "{{api_key}}",
+            --model, "{{model}}", --task, "{{task}}"{extra}]
+"""
+
+
+def write_spec(tmp_path, api: str = "openai-chat", agents: int = 2, extra: str = "") -> tuple:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "a.py").write_text("def add(a, b):\n    return a - b\n")
+    spec = tmp_path / "swarm.yaml"
+    suffix = "" if api == "anthropic" else "/v1"
+    spec.write_text(SPEC.format(model=tiny_model(tmp_path), agents=agents, project=project, out=tmp_path / "runs",
+                                api=api, python=PYTHON, fake=FAKE, suffix=suffix, extra=extra))
+    return spec, tmp_path / "runs"
+
+
+def only_run(runs: Path) -> Path:
+    [run_dir] = list(runs.iterdir())
+    return run_dir
+
+
+# the three APIs' clients are tried in tests/swarm/run/test_fake_harness_protocols.py
+@pytest.mark.parametrize("api", ["anthropic"])
+def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trunk(tmp_path, api):
+    spec, runs = write_spec(tmp_path, api)
+    process = swarm("run", spec, "--json")
+    out, err = process.communicate(timeout=HANG_GUARD * 6)
+    assert process.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["status"] == "completed" and summary["harness"] == "fake" and summary["api"] == api
+    first, second = summary["agents"]
+    assert [first["exit_code"], second["exit_code"]] == [0, 0]
+    assert first["requests"] >= 1 and second["requests"] >= 1
+    # the first request of the second agent starts with the first agent's system text and tools
+    assert second["cached_tokens_per_request"][0] > 0
+    if first["confinement"] == "mount-namespace":
+        assert second["cached_tokens_per_request"][0] >= 0.9 * second["prompt_tokens"] / second["requests"]
+    run_dir = only_run(runs)
+    for agent in summary["agents"]:
+        events = read_transcript(run_dir / agent["transcript"])
+        assert [e["event"] for e in events] == ["started", "finished"] * agent["requests"]
+        assert events[0]["request"]["stream"] is True and events[1]["cached_tokens"] == agent[
+            "cached_tokens_per_request"][0]
+        assert (run_dir / agent["stdout"]).read_text().strip()   # the CLI's own output, one line a turn
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+
+def test_sigterm_stops_every_cli_process_tree_and_the_summary_says_interrupted(tmp_path):
+    spec, runs = write_spec(tmp_path, agents=2, extra=", --spawn-child")
+    process = swarm("run", spec)
+    assert wait_for(lambda: runs.exists() and any(runs.iterdir()))
+    stdout_log = lambda: only_run(runs) / "agent-agent-1.stdout.log"   # noqa: E731
+    assert wait_for(lambda: stdout_log().exists() and stdout_log().read_text().strip())
+    pids = [int(word) for word in stdout_log().read_text().split()]
+    assert len(pids) == 4 and all(map(is_running, pids))
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=HANG_GUARD)
+    assert process.returncode == 143
+    assert not any(map(is_running, pids))
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["agents"][0]["end_reason"] == "interrupted" and summary["agents"][0]["exit_code"] is not None
