@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from engine import DEFAULT_MODEL, LLM, SamplingParams
+from swarm.bench.machine_probe import cpu_model_name
 from swarm.bench.runner import raise_errors, swarm_version
 from swarm.bench.workload import BenchError, Workload, agreement, make_workload
 
@@ -139,7 +140,7 @@ def run_arrival_bench(options: ArrivalBenchOptions, progress: Progress = lambda 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "swarm": swarm_version()}
     matches = _common_agreement(runs["mixed"][0].outputs, runs["whole"][0].outputs)
     return ArrivalBenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."),
-                              torch.get_num_threads(), _cpu_name(), versions,
+                              torch.get_num_threads(), cpu_model_name(), versions,
                               {mode: ModeSummary(mode, r) for mode, r in runs.items()}, matches)
 
 
@@ -236,16 +237,6 @@ def _common_agreement(outputs: list[list[int]], reference: list[list[int]]) -> f
     takes each schedule a different number of steps."""
     lengths = [min(len(a), len(b)) for a, b in zip(outputs, reference)]
     return agreement([a[:n] for a, n in zip(outputs, lengths)], [b[:n] for b, n in zip(reference, lengths)])
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _check(options: ArrivalBenchOptions) -> None:

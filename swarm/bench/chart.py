@@ -1,7 +1,8 @@
 """`swarm bench --plot`: the PNG. Per trunk length, a column of two panels:
 
     KV held at peak, two bars per N (shared trunk vs. a copy per agent), as in the article;
-    end-to-end wall time of every other system over swarm-with-sharing's, per N.
+    end-to-end wall time of every system in seconds, per N, each bar labelled with its multiple of the
+    machine's floor (swarm/bench/floor.py), which is drawn as a black line across each N's bars.
 
 matplotlib is optional (`pip install 'swarm-llm[bench]'`); the bench runs without it.
 """
@@ -40,9 +41,10 @@ def write_chart(report: BenchReport, path: Path) -> Path:
     for col, trunk in enumerate(trunks):
         configs = [c for c in report.configs if c.trunk == trunk]
         _kv_panel(axes[0][col], configs, trunk)
-        _ratio_panel(axes[1][col], configs)
+        _wall_panel(axes[1][col], configs)
     o = report.options
-    fig.suptitle(f"swarm bench: {Path(o.model).name} on {report.device} ({report.dtype})\n"
+    cpu = f", {report.machine.cpu}" if report.machine else ""
+    fig.suptitle(f"swarm bench: {Path(o.model).name} on {report.device}{cpu} ({report.dtype})\n"
                  f"N agents, shared trunk, {o.suffix}-token suffix and {o.new_tokens} new tokens each")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,21 +70,33 @@ def _kv_panel(ax, configs: list[ConfigResult], trunk: int) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
-def _ratio_panel(ax, configs: list[ConfigResult]) -> None:
-    peers = [name for name in SYSTEMS if name != "swarm" and any(_ok(c, name) for c in configs)]
-    width, highest = 0.8 / max(1, len(peers)), 1.0
-    for i, name in enumerate(peers):
+def _wall_panel(ax, configs: list[ConfigResult]) -> None:
+    systems = [name for name in SYSTEMS if any(_ok(c, name) for c in configs)]
+    width, highest = 0.8 / max(1, len(systems)), 0.0
+    for i, name in enumerate(systems):
         xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
-        ratios = [c.systems[name].ratios.get("wall_s") or 0 if _ok(c, name) else 0 for c in configs]
-        bars = ax.bar(xs, ratios, width=width, label=SYSTEMS[name], color=COLORS[name])
-        ax.bar_label(bars, labels=[f"{r:.2f}×" if r else "" for r in ratios], fontsize=7, padding=1)
-        highest = max([highest, *ratios])
-    ax.axhline(1.0, color=COLORS["swarm"], linewidth=1, linestyle="--", label="swarm (sharing) = 1")
-    ax.set_ylim(0, highest * 1.35)
+        walls = [_value(c, name, "wall_s") or 0 for c in configs]
+        bars = ax.bar(xs, walls, width=width, label=SYSTEMS[name], color=COLORS[name])
+        ax.bar_label(bars, labels=[_wall_label(c, name) for c in configs], fontsize=7, padding=1)
+        highest = max([highest, *walls])
+    for x, config in enumerate(configs):
+        if config.floor is not None:
+            ax.hlines(config.floor.total_s, x - 0.45, x + 0.45, color="black", linewidth=1.5,
+                      label="machine floor" if x == 0 else None)
+            highest = max(highest, config.floor.total_s)
+    ax.set_ylim(0, highest * 1.35 or 1)
     ax.set_xticks(range(len(configs)), [f"N={c.agents}" for c in configs])
-    ax.set_ylabel("wall time / swarm (sharing)")
-    ax.set_title("End-to-end time, relative (higher: slower)")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("End-to-end time (lower: faster)")
     ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def _wall_label(config: ConfigResult, name: str) -> str:
+    if not _ok(config, name):
+        return ""
+    result = config.systems[name]
+    over = result.wall_over_floor
+    return f"{result.measurement.wall_s:.2f} s" + ("" if over is None else f"\n{over:.1f}× floor")
 
 
 def _ok(config: ConfigResult, name: str) -> bool:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swarm.bench.floor import Floor
+from swarm.bench.machine_probe import MachineProbe
 from swarm.bench.workload import METRICS, SYSTEMS, BenchOptions, Measurement
 
 SCHEMA_VERSION = 1
@@ -41,6 +43,7 @@ class SystemResult:
     ratios: dict[str, float | None] = field(default_factory=dict)
     matches_swarm: float | None = None
     busy: BusyResult | None = None   # with --busy: the same configuration beside busy processes
+    wall_over_floor: float | None = None
 
     def to_json(self) -> dict:
         data = {"label": SYSTEMS[self.name], "status": self.status, "reason": self.reason}
@@ -50,7 +53,8 @@ class SystemResult:
                         prompt_tokens_computed=m.prompt_tokens_computed, ttft_last_s=m.ttft_last_s,
                         decode_tok_s=m.decode_tok_s, decode_tokens=m.decode_tokens, decode_s=m.decode_s,
                         wall_s=m.wall_s, generated_tokens=sum(len(o) for o in m.outputs),
-                        matches_swarm=self.matches_swarm, ratios=dict(self.ratios))
+                        matches_swarm=self.matches_swarm, ratios=dict(self.ratios),
+                        wall_over_floor=self.wall_over_floor)
         if self.busy is not None:
             data["busy"] = self.busy.to_json(m)
         return data
@@ -63,11 +67,19 @@ class ConfigResult:
     suffix: int
     new_tokens: int
     systems: dict[str, SystemResult] = field(default_factory=dict)
+    floor: Floor | None = None       # None off a CPU: the probes measure the CPU
 
     def to_json(self) -> dict:
         return {"agents": self.agents, "trunk": self.trunk, "suffix": self.suffix,
-                "new_tokens": self.new_tokens,
+                "new_tokens": self.new_tokens, "floor": self.floor and self.floor.to_json(),
                 "systems": {name: result.to_json() for name, result in self.systems.items()}}
+
+    def fill_floor(self, floor: Floor | None) -> None:
+        """The machine's floor for this configuration, and each system's wall time over it."""
+        self.floor = floor
+        for system in self.systems.values():
+            if floor is not None and system.measurement is not None:
+                system.wall_over_floor = floor.over(system.measurement.wall_s)
 
     def fill_ratios(self) -> None:
         """Each system's metrics over swarm-with-sharing's: 8.0 on wall_s is eight times slower."""
@@ -87,6 +99,7 @@ class BenchReport:
     versions: dict[str, str | None]
     configs: list[ConfigResult]
     kernels: dict[str, object] | None = None
+    machine: MachineProbe | None = None
 
     def to_json(self) -> dict:
         o = self.options
@@ -97,6 +110,7 @@ class BenchReport:
             "dtype": self.dtype,
             "hf_dtype": o.hf_dtype,
             "kernels": dict(self.kernels or {}),
+            "machine": self.machine and self.machine.to_json(),
             "workload": {"agents": list(o.agents), "trunks": list(o.trunks), "suffix": o.suffix,
                          "new_tokens": o.new_tokens, "repeats": o.repeats, "seed": o.seed, "busy": o.busy},
             "systems": {name: SYSTEMS[name] for name in ("swarm", "swarm_no_sharing", *o.peers)},

@@ -18,6 +18,8 @@ import torch
 
 from engine import LLM, SamplingParams, SwarmError, wait_settings
 from swarm.bench.busy import BusyLoad
+from swarm.bench.floor import ModelShape, machine_floor
+from swarm.bench.machine_probe import MachineProbe, machine_probe
 from swarm.bench.peers import PeerUnavailable
 from swarm.bench.process import PeerProcess, PeerSpec
 from swarm.bench.report import BenchReport, BusyResult, ConfigResult, SystemResult
@@ -108,6 +110,7 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
     runners: list[Runner] = [SwarmRunner(options, sharing=True), SwarmRunner(options, sharing=False)]
     config = runners[0].llm.config
     _check_context(options, config.max_position_embeddings)
+    machine = _probe(options, runners[0].llm.engine, progress)
     missing = {}
     try:
         for peer in options.peers:
@@ -129,12 +132,28 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
             if isinstance(runner, PeerProcess):
                 runner.close()
     engine = runners[0].llm.engine
+    _fill_floors(configs, engine, machine)
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{r.name: r.version for r in runners}, **{name: None for name in missing}}
     kernels = {**engine.kernels(), "threads": torch.get_num_threads(),
                "openmp_wait": wait_settings()}
     return BenchReport(options, str(engine.device), str(engine.dtype).removeprefix("torch."), versions, configs,
-                       kernels)
+                       kernels, machine)
+
+
+def _probe(options: BenchOptions, engine, progress: Progress) -> MachineProbe | None:
+    """The CPU's rates (cached per machine); None on a GPU, whose floor the CPU's probes do not give."""
+    if engine.device.type != "cpu":
+        return None
+    progress("measuring the machine (matmul FLOP/s, read bandwidth)", 0, 0)
+    return machine_probe(reprobe=options.reprobe)
+
+
+def _fill_floors(configs: list[ConfigResult], engine, machine: MachineProbe | None) -> None:
+    model = ModelShape.of(engine.config, engine.weight_bytes, engine.kv_bytes_per_token)
+    for config in configs:
+        config.fill_floor(machine and machine_floor(model, machine, config.agents, config.trunk, config.suffix,
+                                                    config.new_tokens))
 
 
 def _warm_up_workload(options: BenchOptions, vocab_size: int) -> Workload:

@@ -38,6 +38,7 @@ class BenchOptions:
     seed: int = 0
     busy: int = 0            # --busy K: each measurement again beside K busy-loop processes
     graphs: bool = True      # --no-graphs: swarm decodes eagerly on a GPU
+    reprobe: bool = False    # --reprobe: measure the machine again, not from its cached probe
 
     @property
     def configurations(self) -> list[tuple[int, int]]:

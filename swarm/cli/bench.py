@@ -15,6 +15,8 @@ from swarm.bench.workload import PEERS, SYSTEMS, BenchError, BenchOptions
 from swarm.spec.kv_budget import format_bytes
 
 if TYPE_CHECKING:
+    from swarm.bench.floor import Floor
+    from swarm.bench.machine_probe import MachineProbe
     from swarm.bench.report import BenchReport, ConfigResult, SystemResult
 
 SHORT_NAMES = {"swarm": "swarm", "swarm_no_sharing": "swarm, no sharing", "hf": "transformers",
@@ -43,12 +45,17 @@ def bench(
     plot: Path = typer.Option(None, "--plot", help="Write a PNG chart here (needs matplotlib)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON document instead of the table."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="swarm decodes eagerly on a GPU, without CUDA/HIP graphs."),
+    reprobe: bool = typer.Option(False, "--reprobe",
+                                 help="Measure the machine's matmul FLOP/s and read bandwidth again instead of "
+                                      "reading them from ~/.cache/swarm/machine-probe.json ($SWARM_CACHE_DIR)."),
 ) -> None:
     """Compare swarm with prefix sharing against swarm without it, Hugging Face transformers (batched generate) and llama.cpp (trunk decoded once, then copied to every sequence).
 
     Workload: N agents share a trunk of T tokens; each then reads its own S-token suffix and generates G tokens, greedy. Each pair of --agents and --trunk values is one configuration; the systems take turns on each, so their ratios hold on a busy machine. swarm runs in this process, each peer in a worker process of its own, as its users run it.
 
     Per system: KV bytes held at peak, prompt tokens computed, time to the first token of the last agent, aggregate decode tokens/s, end-to-end wall time, and each over swarm-with-sharing's.
+
+    On a CPU, the bench also measures the machine (a few seconds, cached per machine; --reprobe measures again) and derives the workload's floor: its FLOPs at the fastest matmul rate and its bytes at the read bandwidth. Every wall time is shown as a multiple of that floor.
 
     Example: swarm bench --agents 1,8 --trunk 2048 --out bench.json --plot bench.png
 
@@ -60,7 +67,7 @@ def bench(
     check_output_path("--plot", plot)
     options = BenchOptions(model, comma_ints("--agents", agents), comma_ints("--trunk", trunk), suffix, new_tokens,
                            tuple(p.strip() for p in peers.split(",") if p.strip()), device, dtype, hf_dtype,
-                           repeats, seed, busy, graphs=not no_graphs)
+                           repeats, seed, busy, graphs=not no_graphs, reprobe=reprobe)
     if plot is not None:
         from swarm.bench.chart import require_matplotlib
         require_matplotlib()
@@ -134,7 +141,12 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
                       f"weights {weights.get('label', '?')}: {formats}")
         waiting = " ".join(f"{k}={v}" for k, v in (kernels.get("openmp_wait") or {}).items()) or "spinning (default)"
         console.print(f"CPU threads: {kernels.get('threads')}, idle OpenMP threads: {waiting}")
+    if report.machine is not None:
+        console.print(_machine_line(report.machine))
     console.print(_table(report))
+    if any((r.wall_over_floor or 1) < 1 for c in report.configs for r in c.systems.values()):
+        console.print("[yellow]a wall time under the floor: the machine was busier when it was probed than during "
+                      "the bench; run it again with --reprobe[/]")
     for name, version in report.versions.items():
         if version is None:
             reason = next(c.systems[name].reason for c in report.configs)
@@ -146,14 +158,19 @@ def _print_report(report: BenchReport, console: Console, out: Path | None, plot:
 
 def _table(report: BenchReport) -> Table:
     busy = report.options.busy
-    columns = ["N", "trunk", "system", "KV at peak", "prompt tokens", "TTFT last", "decode tok/s", "wall", "same"]
-    caption = ("×: over swarm with sharing. TTFT last: time to the last agent's first token. same: agents whose "
-               "greedy tokens equal swarm's")
+    columns = ["N", "trunk", "system", "KV at peak", "prompt tokens", "TTFT last", "decode tok/s", "wall", "× floor",
+               "same"]
+    caption = ("×: over swarm with sharing. TTFT last: time to the last agent's first token. × floor: wall time over "
+               "the machine's floor (its FLOPs at the fastest matmul rate, its bytes at the read bandwidth). same: "
+               "agents whose greedy tokens equal swarm's")
     if busy:
         columns.append(f"decode tok/s, {busy} busy")
         caption += f". {busy} busy: beside {busy} busy-loop process{'es' if busy > 1 else ''}, × over the quiet run"
     table = Table(*columns, caption=caption)
     for config in report.configs:
+        if config.floor is not None:
+            table.add_row(str(config.agents), f"{config.trunk:,}", "machine floor",
+                          *_floor_cells(config.floor, config.agents, busy))
         for name, result in config.systems.items():
             if result.status in ("not installed", "unavailable"):
                 continue
@@ -167,15 +184,34 @@ def _cells(config: ConfigResult, name: str) -> list[str]:
     result = config.systems[name]
     m = result.measurement
     if m is None:
-        return [f"[red]{result.status}: {result.reason}[/]", "", "", "", "", ""]
+        return [f"[red]{result.status}: {result.reason}[/]", "", "", "", "", "", ""]
     r = result.ratios
     decode = "-" if m.decode_tok_s is None else f"{m.decode_tok_s:,.1f}"
     same = "-" if result.matches_swarm is None else f"{result.matches_swarm:.0%}"
+    over_floor = "-" if result.wall_over_floor is None else f"{result.wall_over_floor:.1f}×"
     return [_with_ratio(format_bytes(m.kv_bytes_peak), r.get("kv_bytes_peak"), name),
             _with_ratio(f"{m.prompt_tokens_computed:,}", r.get("prompt_tokens_computed"), name),
             _with_ratio(f"{m.ttft_last_s:.2f} s", r.get("ttft_last_s"), name),
             _with_ratio(decode, r.get("decode_tok_s"), name),
-            _with_ratio(f"{m.wall_s:.2f} s", r.get("wall_s"), name), same]
+            _with_ratio(f"{m.wall_s:.2f} s", r.get("wall_s"), name), over_floor, same]
+
+
+def _floor_cells(floor: Floor, agents: int, busy: int) -> list[str]:
+    """The floor's row: its prefill in the TTFT column, its decode steps in the decode one, its total as the wall."""
+    decode = "-"
+    if floor.decode_steps and floor.decode_step_s > 0:
+        decode = f"{agents / floor.decode_step_s:,.1f}\n{floor.decode_steps} × {floor.decode_step_s * 1e3:.1f} ms"
+    return ["", "", f"[dim]{floor.prefill_s:.2f} s[/]", f"[dim]{decode}[/]", f"[dim]{floor.total_s:.2f} s[/]",
+            "[dim]1.0×[/]", ""] + ([""] if busy else [])
+
+
+def _machine_line(machine: MachineProbe) -> str:
+    rates = ", ".join(f"{dtype} {rate.flop_s / 1e9:,.1f} GFLOP/s" + ("" if rate.native else " (emulated)")
+                      for dtype, rate in machine.matmul_flop_s.items())
+    flags = " ".join(machine.flags) or "none of avx2/avx512/amx"
+    measured = "cached probe" if machine.from_cache else f"probed in {machine.probe_s:.1f} s"
+    return (f"machine: {machine.cpu}, {machine.cores} cores ({flags}), {machine.threads} threads: matmul {rates}; "
+            f"read {machine.read_bytes_per_s / 1e9:,.1f} GB/s ({measured}; --reprobe measures again)")
 
 
 def _busy_cell(result: SystemResult) -> str:

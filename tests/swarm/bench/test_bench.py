@@ -17,10 +17,14 @@ from tests.helpers.tiny_models import make_tiny_model
 T, S, G = 40, 5, 4
 SYSTEM_FIELDS = {"label", "status", "reason", "kv_bytes_peak", "bytes_per_token", "prompt_tokens_computed",
                  "ttft_last_s", "decode_tok_s", "decode_tokens", "decode_s", "wall_s", "generated_tokens",
-                 "matches_swarm", "ratios", "busy"}
+                 "matches_swarm", "ratios", "busy", "wall_over_floor"}
 BUSY_FIELDS = {"processes", "status", "reason", "decode_tok_s", "decode_tokens", "decode_s", "wall_s",
                "decode_over_quiet", "wall_over_quiet", "matches_quiet"}
 RATIO_FIELDS = {"kv_bytes_peak", "prompt_tokens_computed", "ttft_last_s", "decode_tok_s", "wall_s"}
+MACHINE_FIELDS = {"key", "cpu", "cores", "flags", "threads", "torch_version", "matmul_flop_s", "read_bytes_per_s",
+                  "probe_s", "from_cache"}
+FLOOR_FIELDS = {"matmul_dtype", "prefill_flops", "prefill_s", "decode_steps", "decode_step_bytes",
+                "decode_step_flops", "decode_step_s", "decode_s", "total_s"}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,9 @@ def bench_run(tmp_path_factory):
     args = ["bench", "--model", str(model), "--agents", "1,2", "--trunk", str(T), "--suffix", str(S),
             "--new-tokens", str(G), "--peers", "hf,llamacpp", "--busy", "1", "--out", str(out), "--plot", str(plot),
             "--json"]
-    result = CliRunner().invoke(app, args)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SWARM_CACHE_DIR", str(root))   # the machine probe's cache: a fresh one, not the user's
+        result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text()), result.output, plot
 
@@ -44,7 +50,7 @@ def test_json_follows_the_documented_schema(bench_run):
     document, stdout, _ = bench_run
     assert json.loads(stdout[stdout.index("{"):]) == document
     assert document["schema_version"] == 1
-    assert {"model", "device", "dtype", "hf_dtype", "kernels", "workload", "systems", "versions",
+    assert {"model", "device", "dtype", "hf_dtype", "kernels", "machine", "workload", "systems", "versions",
             "configs"} <= set(document)
     assert document["kernels"]["attention"] in ("native", "sdpa")
     weights = document["kernels"]["weights"]   # a safetensors folder keeps its float weights: no blocks
@@ -64,6 +70,22 @@ def test_json_follows_the_documented_schema(bench_run):
             assert set(system["ratios"]) == RATIO_FIELDS
             assert system["generated_tokens"] == config["agents"] * G
             assert 0 < system["ttft_last_s"] <= system["wall_s"]
+
+
+def test_the_machine_and_every_configuration_s_floor_are_reported(bench_run):
+    document = bench_run[0]
+    machine = document["machine"]
+    assert set(machine) == MACHINE_FIELDS and not machine["from_cache"]
+    assert machine["threads"] == document["kernels"]["threads"]
+    assert set(machine["matmul_flop_s"]) >= {"float32", "bfloat16"}
+    for config in document["configs"]:
+        floor = config["floor"]
+        assert set(floor) == FLOOR_FIELDS
+        assert floor["decode_steps"] == G - 1
+        assert 0 < floor["prefill_s"] < floor["total_s"] == pytest.approx(floor["prefill_s"] + floor["decode_s"])
+        for name in ("swarm", "swarm_no_sharing", "hf"):
+            system = config["systems"][name]
+            assert system["wall_over_floor"] == pytest.approx(system["wall_s"] / floor["total_s"])
 
 
 def test_busy_runs_are_reported_beside_the_quiet_ones(bench_run):

@@ -1,0 +1,202 @@
+"""What this machine's CPU can do, measured in a few seconds, for the bench's floor (swarm/bench/floor.py).
+
+    matmul_flop_s     per dtype: 2·m·k·n over the seconds of the fastest `a @ b` through torch (oneDNN) at
+                      prefill shapes, [2048 x 576] @ [576 x 1536] (a SmolLM2 MLP projection over a 2,048-token
+                      trunk) and a square 2048. float32 and bfloat16 always; float16 only where oneDNN runs it
+                      natively (`engine.cpu_has_native`, as the engine decides). Each dtype first times a small
+                      [128 x 576] @ [576 x 1536]; a larger shape runs only where that rate says two runs of it fit
+                      what is left of the dtype's budget (emulated bfloat16 runs about 1 GFLOP/s, where one square
+                      2048 takes 17 s), so a rate may come from a smaller shape: `shape` says which.
+    read_bytes_per_s  bytes over the seconds of the fastest `sum()` of a 256 MiB float32 tensor: every byte read
+                      once and nothing written, as a decode step reads its weights and KV.
+
+Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent.
+Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
+
+Cached in $SWARM_CACHE_DIR (default ~/.cache/swarm)/machine-probe.json, one entry per `machine_key`: the CPU's
+model, cores, threads and torch's version. The key names what the numbers depend on and nothing about a run, so
+`dtype: auto` (issue 23) can pick a dtype from the same entry.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine import cpu_has_native
+
+CALIBRATION_SHAPE = (128, 576, 1536)
+PREFILL_SHAPES = ((2048, 576, 1536), (2048, 2048, 2048))
+MATMUL_DTYPES = ("float32", "bfloat16", "float16")
+READ_BYTES = 256 << 20
+REPEATS = 3
+BUDGET_S = {"matmul": 1.5, "read": 1.0}   # per dtype, and for the read probe
+FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+CACHE_FILE = "machine-probe.json"
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulRate:
+    flop_s: float
+    shape: tuple[int, int, int]    # (m, k, n) of the fastest shape that ran
+    native: bool                   # False: the dtype runs emulated on this CPU
+
+
+@dataclass(slots=True)
+class MachineProbe:
+    cpu: str                       # the CPU's model name
+    cores: int
+    flags: list[str]               # those of FLAGS_THAT_MATTER the CPU has
+    threads: int
+    torch_version: str
+    matmul_flop_s: dict[str, MatmulRate]
+    read_bytes_per_s: float
+    probe_s: float                 # seconds the probes took
+    from_cache: bool = field(default=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return machine_key(self.cpu, self.cores, self.threads, self.torch_version)
+
+    def fastest_dtype(self) -> str:
+        return max(self.matmul_flop_s, key=lambda dtype: self.matmul_flop_s[dtype].flop_s)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["matmul_flop_s"] = {dtype: {**asdict(rate), "shape": list(rate.shape)}
+                                 for dtype, rate in self.matmul_flop_s.items()}
+        return {"key": self.key, **data}
+
+    @classmethod
+    def from_json(cls, data: dict) -> MachineProbe:
+        rates = {dtype: MatmulRate(rate["flop_s"], tuple(rate["shape"]), rate["native"])
+                 for dtype, rate in data["matmul_flop_s"].items()}
+        return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
+                   rates, data["read_bytes_per_s"], data["probe_s"], from_cache=True)
+
+
+def machine_key(cpu: str, cores: int, threads: int, torch_version: str) -> str:
+    return f"{cpu} | {cores} cores | {threads} threads | torch {torch_version}"
+
+
+def machine_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
+    """This machine's entry in the cache, or a fresh probe (stored there) where it has none or `reprobe`."""
+    path = cache_path()
+    entries = _read_cache(path)
+    key = machine_key(cpu_model_name(), os.cpu_count() or 1, torch.get_num_threads(), torch.__version__)
+    if not reprobe and key in entries:
+        try:
+            return MachineProbe.from_json(entries[key])
+        except (KeyError, TypeError, ValueError):
+            pass   # an entry from another version of this file: probe again
+    probe = probe_machine(budget_s)
+    entries[probe.key] = probe.to_json()
+    _write_cache(path, entries)
+    return probe
+
+
+def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
+    began = time.perf_counter()
+    rates = {dtype: matmul_rate(getattr(torch, dtype), budget_s["matmul"]) for dtype in MATMUL_DTYPES
+             if dtype != "float16" or cpu_has_native(torch.float16)}
+    read = read_bytes_per_s(budget_s["read"])
+    return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
+                        torch.__version__, rates, read, time.perf_counter() - began)
+
+
+def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:
+    """The best FLOP/s of the shapes that fit the budget, the small calibration shape always."""
+    began = time.perf_counter()
+    best = MatmulRate(_matmul_flop_s(CALIBRATION_SHAPE, dtype, budget_s), CALIBRATION_SHAPE, cpu_has_native(dtype))
+    for shape in PREFILL_SHAPES:
+        left = budget_s - (time.perf_counter() - began)
+        if 2 * _flops(shape) / best.flop_s > left:
+            continue
+        rate = _matmul_flop_s(shape, dtype, left)
+        if rate > best.flop_s:
+            best = MatmulRate(rate, shape, best.native)
+    return best
+
+
+def read_bytes_per_s(budget_s: float) -> float:
+    data = torch.ones(READ_BYTES // 4, dtype=torch.float32)
+    return READ_BYTES / fastest_s(data.sum, budget_s)
+
+
+def fastest_s(run: Callable[[], object], budget_s: float) -> float:
+    """Seconds of the fastest of up to REPEATS timed runs after an untimed one; at least one, fewer once
+    `budget_s` is spent."""
+    began = time.perf_counter()
+    run()
+    best = math.inf
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        run()
+        now = time.perf_counter()
+        best = min(best, now - start)
+        if now - began >= budget_s:
+            break
+    return best
+
+
+def _matmul_flop_s(shape: tuple[int, int, int], dtype: torch.dtype, budget_s: float) -> float:
+    m, k, n = shape
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    return _flops(shape) / fastest_s(lambda: a @ b, budget_s)
+
+
+def _flops(shape: tuple[int, int, int]) -> int:
+    m, k, n = shape
+    return 2 * m * k * n
+
+
+def cpu_model_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    present = set(_cpuinfo_field("flags").split())
+    return [flag for flag in FLAGS_THAT_MATTER if flag in present]
+
+
+def _cpuinfo_field(name: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.split(":", 1)[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cache_path() -> Path:
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("SWARM_CACHE_DIR") or user_cache / "swarm") / CACHE_FILE
+
+
+def _read_cache(path: Path) -> dict[str, dict]:
+    """The cached entries by key; none where the file is missing or unreadable (it is written again)."""
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict[str, dict]) -> None:
+    """Best effort: a cache that cannot be written costs the next run a few seconds, nothing more."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(entries, indent=2) + "\n")
+        temporary.replace(path)
+    except OSError:
+        pass

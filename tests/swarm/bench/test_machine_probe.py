@@ -1,0 +1,68 @@
+"""swarm/bench/machine_probe.py on this machine: what the probes return and how their cache is kept."""
+import json
+import math
+
+import pytest
+import torch
+
+from engine import cpu_has_native
+from swarm.bench.machine_probe import (
+    CALIBRATION_SHAPE,
+    PREFILL_SHAPES,
+    MachineProbe,
+    cache_path,
+    machine_probe,
+    probe_machine,
+)
+
+SHORT = {"matmul": 0.05, "read": 0.05}   # each probe still runs its shapes at least once
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could_use():
+    probe = probe_machine(SHORT)
+    expected = {"float32", "bfloat16"} | ({"float16"} if cpu_has_native(torch.float16) else set())
+    assert set(probe.matmul_flop_s) == expected
+    for dtype, rate in probe.matmul_flop_s.items():
+        assert 0 < rate.flop_s < math.inf
+        assert rate.shape in (CALIBRATION_SHAPE, *PREFILL_SHAPES)
+        assert rate.native == cpu_has_native(getattr(torch, dtype))
+    assert 0 < probe.read_bytes_per_s < math.inf
+    assert probe.probe_s > 0
+    assert probe.threads == torch.get_num_threads() and probe.cores >= 1 and probe.cpu
+    assert probe.fastest_dtype() in expected
+
+
+def test_the_cache_is_reused_until_reprobe(cache_dir):
+    first = machine_probe(budget_s=SHORT)
+    assert not first.from_cache
+    assert cache_path() == cache_dir / "machine-probe.json"
+    assert list(json.loads(cache_path().read_text())) == [first.key]
+    again = machine_probe(budget_s=SHORT)
+    assert again.from_cache and again == first
+    fresh = machine_probe(reprobe=True, budget_s=SHORT)
+    assert not fresh.from_cache
+    stored = json.loads(cache_path().read_text())
+    assert list(stored) == [fresh.key] and MachineProbe.from_json(stored[fresh.key]) == fresh
+
+
+def test_the_cache_keeps_other_machines_and_the_key_names_cpu_cores_threads_and_torch(cache_dir):
+    other = probe_machine(SHORT).to_json() | {"cpu": "another CPU"}
+    cache_path().write_text(json.dumps({"another CPU | 2 cores | 1 threads | torch 0": other}))
+    probe = machine_probe(budget_s=SHORT)
+    assert not probe.from_cache
+    assert set(json.loads(cache_path().read_text())) == {"another CPU | 2 cores | 1 threads | torch 0", probe.key}
+    for part in (probe.cpu, f"{probe.cores} cores", f"{probe.threads} threads", torch.__version__):
+        assert part in probe.key
+
+
+def test_an_unreadable_cache_is_probed_again_and_rewritten(cache_dir):
+    cache_path().write_text("{not json")
+    probe = machine_probe(budget_s=SHORT)
+    assert not probe.from_cache
+    assert list(json.loads(cache_path().read_text())) == [probe.key]
