@@ -8,7 +8,8 @@ one engine served in this process.
        max_tokens generated tokens (that agent's CLI is stopped)
     -> stop every CLI's process tree; summary.json and the transcripts (swarm/run/exchange_log.py)
 
-Each agent's requests and replies are in `agent-<name>.jsonl`, what its CLI printed beside it, and its
+No reply gets more than `sampling.max_tokens` tokens, whatever its CLI asks (Claude Code asks for
+32,000). Each agent's requests and replies are in `agent-<name>.jsonl`, what its CLI printed beside it, and its
 exit code in the summary. Where no mount namespace puts every workspace at one path, the server
 canonicalizes the requests (`swarm serve --canonicalize`) so the cwd in them does not split the trunk.
 """
@@ -72,7 +73,8 @@ class ExternalRun:
         self.keys = agent_keys(spec)
         self.model = engine.source.display_name
         app = build_app(self.engine, ServedModel(self.model), agent_keys={key: name for name, key in self.keys.items()},
-                        exchanges=self.log, canonicalize=not mount_namespace_available())
+                        exchanges=self.log, canonicalize=not mount_namespace_available(),
+                        max_output_tokens=spec.sampling.max_tokens)
         self.server = BackgroundServer(app, bind("127.0.0.1", 0)).start()
         self._say(f"serving {self.model} at {self.server.url} for {len(spec.agents)} {spec.external.name} agents")
 

@@ -59,11 +59,12 @@ class Limits:
     context: int
     kv_tokens: int
     vocab_size: int
+    max_output: int | None = None   # the most tokens any reply gets (swarm run's sampling.max_tokens)
 
     @classmethod
-    def of(cls, engine: AsyncEngine) -> "Limits":
+    def of(cls, engine: AsyncEngine, max_output: int | None = None) -> "Limits":
         llm = engine.engine
-        return cls(llm.config.max_position_embeddings, llm.kv_capacity_tokens, llm.config.vocab_size)
+        return cls(llm.config.max_position_embeddings, llm.kv_capacity_tokens, llm.config.vocab_size, max_output)
 
     async def room(self, engine: AsyncEngine, prompt_ids: list[int], param: str) -> int:
         """How many tokens may follow the prompt; a 400 before any compute when it alone does not fit."""
@@ -74,7 +75,8 @@ class Limits:
         held = await engine.max_request_tokens(prompt_ids)
         if prompt >= held:
             raise ApiError(400, self._kv_full(prompt, held, param), param=param, code="context_length_exceeded")
-        return min(self.context, held) - prompt
+        room = min(self.context, held) - prompt
+        return room if self.max_output is None else min(room, self.max_output)
 
     def _kv_full(self, prompt: int, held: int, param: str) -> str:
         pinned = self.kv_tokens - held

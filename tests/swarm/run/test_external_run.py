@@ -16,6 +16,7 @@ task: Fix the bug in a.py.
 agents: {agents}
 workspace: {project}
 out: {out}
+sampling: {{max_tokens: 8}}
 harness:
   name: fake
   api: {api}
@@ -63,6 +64,9 @@ def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trun
         assert events[0]["request"]["stream"] is True and events[1]["cached_tokens"] == agent[
             "cached_tokens_per_request"][0]
         assert (run_dir / agent["stdout"]).read_text().strip()   # the CLI's own output, one line a turn
+        # the fake CLI asks for 256 tokens a reply; sampling.max_tokens caps every reply at 8
+        assert all(e["generated_tokens"] <= 8 for e in events if e["event"] == "finished")
+        assert events[0]["request"]["max_tokens"] == 256
     assert json.loads((run_dir / "summary.json").read_text()) == summary
 
 
