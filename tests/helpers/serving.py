@@ -38,6 +38,11 @@ class ServerThread:
         self.port = self.background.port
 
     @property
+    def thread(self):
+        """The thread uvicorn serves on."""
+        return self.background.thread
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

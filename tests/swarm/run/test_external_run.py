@@ -22,6 +22,7 @@ harness:
   api: {api}
   command: [{python}, {fake}, --api, {api}, --base-url, "{{base_url}}{suffix}", --api-key, "{{api_key}}",
             --model, "{{model}}", --task, "{{task}}"{extra}]
+  files: {{settings.json: '{{"workspace": "{{workspace}}"}}'}}
 """
 
 
@@ -53,7 +54,8 @@ def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trun
     first, second = summary["agents"]
     assert [first["exit_code"], second["exit_code"]] == [0, 0]
     assert first["requests"] >= 1 and second["requests"] >= 1
-    # the first request of the second agent starts with the first agent's system text and tools
+    # the first request of the second agent starts with the first agent's system text and tools, and
+    # where a mount namespace puts both at one path, so does the cwd at the end of it: nearly all of it
     assert second["cached_tokens_per_request"][0] > 0
     if first["confinement"] == "mount-namespace":
         assert second["cached_tokens_per_request"][0] >= 0.9 * second["prompt_tokens"] / second["requests"]
@@ -64,6 +66,9 @@ def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trun
         assert events[0]["request"]["stream"] is True and events[1]["cached_tokens"] == agent[
             "cached_tokens_per_request"][0]
         assert (run_dir / agent["stdout"]).read_text().strip()   # the CLI's own output, one line a turn
+        assert agent["workspace"] == str(run_dir / "workspaces" / agent["name"])
+        home_file = run_dir / "homes" / agent["name"] / "settings.json"   # the template's files, in its own home
+        assert json.loads(home_file.read_text()) == {"workspace": agent["seen_workspace"]}
         # the fake CLI asks for 256 tokens a reply; sampling.max_tokens caps every reply at 8
         assert all(e["generated_tokens"] <= 8 for e in events if e["event"] == "finished")
         assert events[0]["request"]["max_tokens"] == 256

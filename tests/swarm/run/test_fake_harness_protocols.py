@@ -31,6 +31,7 @@ def server(tmp_path_factory, captured):
 
 
 def run_fake_harness(server: ServerThread, api: str, cwd, api_key: str = API_KEY) -> subprocess.CompletedProcess:
+    """(A wrong key is a 401 in each API's shape: tests/swarm/server/test_agent_keys.py, with the same SDKs.)"""
     suffix, _ = ROUTES[api]
     command = [PYTHON, str(FAKE_HARNESS), "--api", api, "--base-url", server.url + suffix, "--api-key", api_key,
                "--model", MODEL, "--task", "Fix the bug in a.py."]
@@ -78,9 +79,3 @@ def test_the_fake_harness_makes_a_tool_round_trip_and_exits_0(server, captured, 
     assert system_of(api, first).endswith(f"Working directory: {tmp_path}\n</env>")
     expected_kind = {"anthropic": "tool_result", "openai-responses": "function_call_output"}.get(api, "tool")
     assert tool_result_of(api, second) == (expected_kind, FILE_TEXT)
-
-
-@pytest.mark.parametrize("api", sorted(ROUTES))
-def test_the_fake_harness_sends_its_key(server, tmp_path, api):
-    done = run_fake_harness(server, api, tmp_path, api_key="not-this-agents-key")
-    assert done.returncode != 0 and "401" in done.stderr and done.stdout == ""

@@ -109,8 +109,8 @@ def test_stop_all_kills_trees_that_ignore_sigterm_and_survives_a_second_call(tmp
     assert stop_all(harnesses, grace=0.2) == set()
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-@pytest.mark.parametrize("extra", [[], ["--ignore-sigterm"]], ids=["plain", "sigterm-ignored"])
+@pytest.mark.parametrize("stop_signal, extra", [(signal.SIGINT, []), (signal.SIGTERM, ["--ignore-sigterm"])],
+                         ids=["ctrl-c", "sigterm-to-trees-that-ignore-it"])
 def test_a_signal_to_the_run_leaves_no_harness_process(tmp_path, leftovers, stop_signal, extra):
     count = 2
     driver = subprocess.Popen([sys.executable, "-m", "tests.helpers.harness_driver", str(tmp_path), str(count),
