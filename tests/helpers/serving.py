@@ -136,6 +136,26 @@ def scripted(server: ServerThread, *replies: str):
 
 
 @contextmanager
+def failing_steps(server: ServerThread, count: int, message: str = "injected fault"):
+    """The engine's next `count` model steps raise RuntimeError(message) while inside; the real ones after."""
+    runner = server.async_engine.engine.runner
+    real_run = runner.run
+    faults = iter([RuntimeError(message)] * count)
+
+    def run(batch):
+        fault = next(faults, None)
+        if fault is not None:
+            raise fault
+        return real_run(batch)
+
+    runner.run = run
+    try:
+        yield
+    finally:
+        runner.run = real_run
+
+
+@contextmanager
 def serve_cli(*args: str, timeout: float = 60, env: dict | None = None):
     """`swarm serve ARGS --port 0 --json` as a subprocess; yields (ready info, process)."""
     command = [sys.executable, "-m", "swarm", "serve", *args, "--port", "0", "--json", "--log-level", "warning"]

@@ -8,21 +8,8 @@ import torch
 
 from engine import WEIGHT_FILE_TYPES
 from engine.llm_engine import pick_dtype
-from swarm.cli.main import main
 from swarm.spec.schema import load_spec
 from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, prompts_for, write_spec
-
-
-@pytest.fixture
-def swarm_cli(monkeypatch, capsys):
-    """Runs `swarm ARGS...` in this process through the real entry point."""
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["swarm", *map(str, args)])
-        with pytest.raises(SystemExit) as exited:
-            main()
-        out, err = capsys.readouterr()
-        return exited.value.code, out, err
-    return run
 
 
 def test_prints_trunk_agents_lint_and_memory(swarm_cli):

@@ -1,11 +1,9 @@
 """`swarm inspect-prefix --requests`: request bodies of all three APIs rendered as `swarm serve` renders
 them (checked against what the server itself counts), their trunk, where each diverges, and errors."""
 import json
-import sys
 
 import pytest
 
-from swarm.cli.main import main
 from swarm.server.canonicalize import canonicalize
 from swarm.server.captured_requests import chat_inputs, read_requests, render
 from swarm.server.chat_prompt import ChatPrompter
@@ -26,17 +24,6 @@ def system(cwd: str) -> str:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return tiny_model(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture
-def swarm_cli(monkeypatch, capsys):
-    def run(*args) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["swarm", *map(str, args)])
-        with pytest.raises(SystemExit) as exited:
-            main()
-        out, err = capsys.readouterr()
-        return exited.value.code, out, err
-    return run
 
 
 @pytest.fixture(scope="module")

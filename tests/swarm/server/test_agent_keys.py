@@ -12,7 +12,7 @@ import pytest
 
 from swarm.server.exchanges import ExchangeFinished, ExchangeStarted
 from tests.helpers.runs import TINY_HARNESS
-from tests.helpers.serving import MODEL, ServerThread, metric, scripted, start_engine, wait_for
+from tests.helpers.serving import MODEL, ServerThread, failing_steps, metric, scripted, start_engine, wait_for
 
 KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
 USER = [{"role": "user", "content": "Fix a.py"}]
@@ -232,24 +232,11 @@ def test_a_client_that_leaves_before_a_whole_reply_still_gets_a_finished_record(
 
 
 def test_a_failed_request_is_finished_with_the_engines_error_whole_or_streamed(server, recorder):
-    runner = server.async_engine.engine.runner
-    real_run = runner.run
-    faults = iter([RuntimeError("injected fault")] * 2)
-
-    def run(batch):
-        fault = next(faults, None)
-        if fault is not None:
-            raise fault
-        return real_run(batch)
-
     seen = len(recorder.starts)
-    runner.run = run
-    try:
+    with failing_steps(server, 2):
         with pytest.raises(openai.InternalServerError, match="injected fault"):
             server.client(api_key="key-alpha").chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
         streamed = list(server.client(api_key="key-beta").responses.create(model=MODEL, input="hi", stream=True))
-    finally:
-        runner.run = real_run
     assert streamed[-1].type == "response.failed"
     records = [recorder.finished_one(started.request_id) for started in recorder.starts[seen:]]
     assert [(r.agent, r.api, r.finish_reason) for r in records] == [("alpha", "chat.completions", "error"),

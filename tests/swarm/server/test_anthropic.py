@@ -10,7 +10,7 @@ from swarm.server.anthropic_protocol import chat_inputs_from_body
 from swarm.server.chat_prompt import ChatPrompter
 from swarm.server.protocol import ChatMessage
 from tests.helpers.runs import TINY_HARNESS, tiny_tokenizer
-from tests.helpers.serving import MODEL, REPO, ServerThread, scripted, start_engine
+from tests.helpers.serving import MODEL, REPO, ServerThread, failing_steps, scripted, start_engine
 
 SYSTEM_BLOCKS = [{"type": "text", "text": "You are a coding agent."},
                  {"type": "text", "text": " Be brief.", "cache_control": {"type": "ephemeral"}}]
@@ -193,24 +193,11 @@ def test_an_api_key_is_taken_as_x_api_key_or_bearer_and_max_tokens_is_clamped(mo
 
 
 def test_a_failing_engine_step_is_an_api_error_whole_or_an_error_event_streamed(server, client):
-    runner = server.async_engine.engine.runner
-    real_run = runner.run
-    faults = iter([RuntimeError("injected fault"), RuntimeError("injected fault")])
-
-    def run(batch):
-        fault = next(faults, None)
-        if fault is not None:
-            raise fault
-        return real_run(batch)
-
-    runner.run = run
-    try:
+    with failing_steps(server, 2):
         with pytest.raises(anthropic.InternalServerError, match="injected fault") as whole:
             client.messages.create(model=MODEL, messages=USER, max_tokens=3)
         streamed = httpx.post(server.url + "/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 3,
                                                                  "stream": True, "temperature": None}).text
-    finally:
-        runner.run = real_run
     assert whole.value.body["error"]["type"] == "api_error"
     assert streamed.startswith("event: error\ndata: ")
     assert json.loads(streamed.split("data: ", 1)[1])["error"]["type"] == "api_error"

@@ -7,7 +7,7 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling import SamplingParams
-from tests.helpers.serving import MODEL, ServerThread, metric, start_engine, wait_for
+from tests.helpers.serving import MODEL, ServerThread, failing_steps, metric, start_engine, wait_for
 
 GREEDY = dict(temperature=0, extra_body={"ignore_eos": True})
 USER = [{"role": "user", "content": "def add(a, b):"}]
@@ -146,25 +146,12 @@ def test_malformed_bodies_and_unknown_routes_get_error_bodies(server):
 
 
 def test_a_failing_engine_step_fails_its_request_with_a_500_and_the_server_goes_on(server, client):
-    runner = server.async_engine.engine.runner
-    real_run = runner.run
-    faults = iter([RuntimeError("injected fault"), RuntimeError("injected fault")])
-
-    def run(batch):
-        fault = next(faults, None)
-        if fault is not None:
-            raise fault
-        return real_run(batch)
-
-    runner.run = run
-    try:
+    with failing_steps(server, 2):
         with pytest.raises(openai.InternalServerError, match="injected fault"):
             client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, **GREEDY)
         with pytest.raises(openai.APIError, match="injected fault"):
             list(client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, stream=True, **GREEDY))
         after = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, **GREEDY)
-    finally:
-        runner.run = real_run
     assert after.usage.completion_tokens == 3
     assert metric(server.metrics(), "swarm_engine_step_errors_total") >= 2
 
