@@ -20,10 +20,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
-from engine import AsyncEngine, EngineOptions, LLMEngine
+from engine import AsyncEngine, LLMEngine
 from swarm.run.exchange_log import ExchangeLog
 from swarm.run.external_launch import AgentLaunch, agent_keys, prepare_launches
 from swarm.run.harness_process import stop_all
+from swarm.run.setup import engine_options
 from swarm.run.stop_flag import StopFlag
 from swarm.run.summary import write_summary
 from swarm.run.workspace_mount import MOUNT_NAMESPACE, mount_namespace_available
@@ -63,11 +64,7 @@ class ExternalRun:
 
     def _open(self) -> None:
         spec = self.spec
-        budget = spec.kv_budget
-        engine = LLMEngine(spec.model, EngineOptions(device=spec.device, dtype=spec.dtype, weights=spec.weights,
-                                                     cuda_graphs=spec.graphs,
-                                                     kv_budget_tokens=budget.tokens if budget else None,
-                                                     kv_budget_bytes=budget.bytes if budget else None))
+        engine = LLMEngine(spec.model, engine_options(spec))
         self.context = engine.config.max_position_embeddings
         self.engine = AsyncEngine(engine).start()
         self.keys = agent_keys(spec)
@@ -109,8 +106,9 @@ class ExternalRun:
         self._say(f"{launch.agent} started: pid {launch.process.pid} in {launch.seen_workspace}")
 
     def _stop_over_limit(self) -> None:
+        over = self.log.over_limit()
         for launch in self.launches:
-            reason = self.log.over_limit().get(launch.agent)
+            reason = over.get(launch.agent)
             if reason and launch.agent not in self.ends and launch.process.poll() is None:
                 self.ends[launch.agent] = reason
                 stop_all([launch.process], STOP_GRACE)

@@ -30,7 +30,7 @@ from swarm.agents.tool_response import ToolResponseFormat
 from swarm.run.backend import ContextFull, FirstTurn, Note
 from swarm.run.facts import LOCAL_FACTS
 from swarm.run.memory import TRUNK_REQUEST_ID, MemorySnapshot, RunMemory
-from swarm.run.setup import SwarmGround
+from swarm.run.setup import SwarmGround, engine_options
 from swarm.run.summary import RunInfo, RunTimings
 from swarm.spec.schema import SwarmSpec
 from swarm.trunk.canonical import PromptSet, build_prompts
@@ -207,12 +207,7 @@ class LocalBackend:
         return TurnEvent(name, "turn_end", reply=reply)
 
     def _engine_options(self) -> EngineOptions:
-        budget = self.spec.kv_budget
-        return EngineOptions(device=self.spec.device, dtype=self.spec.dtype, weights=self.spec.weights,
-                             cuda_graphs=self.spec.graphs,
-                             kv_budget_tokens=budget.tokens if budget else None,
-                             kv_budget_bytes=budget.bytes if budget else None,
-                             kv_floor=run_kv_floor(self.spec))
+        return engine_options(self.spec, run_kv_floor(self.spec))
 
 
 def run_kv_floor(spec: SwarmSpec) -> KVFloor:

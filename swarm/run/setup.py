@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from engine import SamplingParams, SpecError
+from engine import EngineOptions, KVFloor, SamplingParams, SpecError
 from swarm.agents.agent import Agent, AgentEvent, AgentLimits
 from swarm.agents.tools import TOOLS, ToolBox
 from swarm.agents.workspace import Workspace, prepare_workspace
@@ -71,6 +71,14 @@ def _check_commands(spec: SwarmSpec, tool_names: list[str]) -> None:
     if spec.workspace.mode == "shared-readonly" and "run_command" in tool_names:
         raise SpecError(f"{spec.path}: run_command: a shared-readonly workspace cannot run commands "
                         "(they could change it); set run_command.enabled: false or workspace.mode: copy")
+
+
+def engine_options(spec: SwarmSpec, kv_floor: KVFloor | None = None) -> EngineOptions:
+    """The engine the spec asks for: device, dtype, weights, graphs and its KV budget."""
+    budget = spec.kv_budget
+    return EngineOptions(device=spec.device, dtype=spec.dtype, weights=spec.weights, cuda_graphs=spec.graphs,
+                         kv_budget_tokens=budget.tokens if budget else None,
+                         kv_budget_bytes=budget.bytes if budget else None, kv_floor=kv_floor)
 
 
 def sampling_params(spec: SwarmSpec, index: int) -> SamplingParams:
