@@ -80,7 +80,8 @@ def test_sigterm_stops_every_cli_process_tree_and_the_summary_says_interrupted(t
     process = swarm("run", spec)
     assert wait_for(lambda: runs.exists() and any(runs.iterdir()))
     stdout_log = lambda: only_run(runs) / "agent-agent-1.stdout.log"   # noqa: E731
-    assert wait_for(lambda: stdout_log().exists() and stdout_log().read_text().strip())
+    # the model loads and the CLI starts first: a busy machine may take a while, so the guard is long
+    assert wait_for(lambda: stdout_log().exists() and stdout_log().read_text().strip(), guard=HANG_GUARD * 4)
     pids = [int(word) for word in stdout_log().read_text().split()]
     assert len(pids) == 4 and all(map(is_running, pids))
     process.send_signal(signal.SIGTERM)
