@@ -126,10 +126,15 @@ class HarnessProcess:
         if self._popen is None:
             return set()
         tree = self.running_tree()
-        if self._popen.returncode is None:  # not reaped yet, so the group's id is still this harness's
-            _send(os.killpg, self._popen.pid, signum)
+        group = self._popen.pid
+        signalled_group = self._popen.returncode is None  # not reaped: the group's id is still its own
+        if signalled_group:
+            _send(os.killpg, group, signum)
         for pid in tree:
-            _send(os.kill, pid, signum)
+            # One signal each: a second SIGTERM can reach a process that is already exiting, after
+            # its handler is gone, and some CLIs take a second one as "quit at once".
+            if not (signalled_group and _group_of(pid) == group):
+                _send(os.kill, pid, signum)
         return tree
 
 
@@ -162,6 +167,13 @@ def _environment(pid: str) -> list[bytes]:
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:  # gone, or another user's
         return []
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _send(kill: Callable[[int, int], None], target: int, signum: int) -> None:
