@@ -94,6 +94,7 @@ class AsyncEngine:
         self._streams: dict[int, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="swarm-engine", daemon=True)
         self._stopping = False
+        self._step_watchers: list[Callable[[LLMEngine], None]] = []
 
     def start(self) -> "AsyncEngine":
         self._thread.start()
@@ -104,6 +105,11 @@ class AsyncEngine:
         self._stopping = True
         self._commands.put(None)
         self._thread.join(timeout)
+
+    def watch_steps(self, watcher: Callable[[LLMEngine], None]) -> None:
+        """`watcher(engine)` after every step, in the engine thread, before the step's tokens go out: it sees
+        every request the step ran still holding its blocks. It must return quickly."""
+        self._step_watchers.append(watcher)
 
     @property
     def is_alive(self) -> bool:
@@ -222,7 +228,10 @@ class AsyncEngine:
 
     def _step(self) -> None:
         try:
-            self._deliver(self.engine.step())
+            result = self.engine.step()
+            for watcher in self._step_watchers:
+                self._run_command(lambda: watcher(self.engine))
+            self._deliver(result)
         except Exception as err:
             log.exception("engine step failed")
             self.counters.step_errors += 1

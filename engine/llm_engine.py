@@ -15,6 +15,7 @@ from engine.kv.cache import KVCache
 from engine.kv.device_memory import device_memory
 from engine.kv.sizing import size_kv_pool
 from engine.kv.stats import KVStats, collect_stats
+from engine.linear_attention.state_pool import StatePool
 from engine.loading.build import load_model
 from engine.loading.context_length import with_context_length
 from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
@@ -57,11 +58,15 @@ class LLMEngine:
         num_blocks = self.kv_sizing.num_blocks
         # one block past the pool's: the scratch block padded rows of a decode graph write (engine.decode_graphs)
         kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.dtype, self.device)
-        self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching)
+        # a hybrid's linear layers keep a state per sequence (and share no prefix yet: engine.kv.block_manager)
+        self.states = StatePool.for_config(self.config, self.dtype, self.device) if self.config.is_hybrid else None
+        self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching,
+                                   self.states)
         self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens,
                                    options.mixed_step_tokens)
-        graphs = decode_graphs.engine_settings(options, self.device, num_blocks, self.config.max_position_embeddings)
-        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs)
+        graphs = None if self.states is not None else decode_graphs.engine_settings(
+            options, self.device, num_blocks, self.config.max_position_embeddings)
+        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -97,6 +102,10 @@ class LLMEngine:
 
     def unpin(self, block_ids: list[int]) -> None:
         self.blocks.unpin(block_ids)
+
+    def pin_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Pins the cached full blocks of a prefix of `token_ids` (no compute); `unpin` gives them back."""
+        return self.blocks.pin_cached_prefix(token_ids)
 
     def max_request_tokens(self, prompt_ids: list[int]) -> int:
         """The most tokens, prompt and output, one request starting with `prompt_ids` can hold in KV:

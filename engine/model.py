@@ -36,10 +36,11 @@ class RMSNorm(nn.Module):
         fused = fused_ops.rms_norm(x, self.weight, self.eps)
         if fused is not None:
             return fused
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * rms_normalized(x.float(), self.eps).to(x.dtype)
+
+
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -54,7 +55,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def _inv_freq(config: ModelConfig) -> torch.Tensor:
-    dim = config.head_dim
+    dim = config.rotary_dim
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = config.rope_scaling
     if not scaling:
@@ -77,7 +78,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos/sin: [tokens, head_dim]."""
+    """x: [tokens, heads, head_dim]; cos/sin: [tokens, rotary_dim]. Partial rotary (rotary_dim < head_dim)
+    turns the leading rotary_dim dims of each head and passes the rest through."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
     fused = fused_ops.rotary(x, cos, sin)
     if fused is not None:
         return fused
@@ -86,26 +91,43 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
+    """`layer_index`: the layer's place in the KV pool. A subclass may widen q_proj (`query_parts` blocks
+    of head_dim per head, the query first) and norm q and k its own way (`norm_type`)."""
+
+    query_parts = 1
+    norm_type: type[nn.Module] = RMSNorm
+
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         bias = config.attention_bias
-        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.q_proj = Linear(config.hidden_size, self.query_parts * self.num_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = self.norm_type(self.head_dim, config.rms_norm_eps)
+            self.k_norm = self.norm_type(self.head_dim, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
         """Attention output of the tokens whose queries attend (`batch.query_rows`); every token's K/V
         is written."""
+        q = self.project_queries(x, batch)
+        out = self.attend(q, x, rotary, batch, attention)
+        return rows_apart(self.o_proj, out.reshape(q.shape[0], -1), batch.decode_split)
+
+    def project_queries(self, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """q_proj of the query rows: [rows, heads, query_parts · head_dim]."""
         rows = batch.query_rows
         queries = x if rows is None else x[rows]
-        split = batch.decode_split
-        q = rows_apart(self.q_proj, queries, split).view(queries.shape[0], self.num_heads, self.head_dim)
+        projected = rows_apart(self.q_proj, queries, batch.decode_split)
+        return projected.view(queries.shape[0], self.num_heads, self.query_parts * self.head_dim)
+
+    def attend(self, q: torch.Tensor, x: torch.Tensor, rotary, batch: AttentionBatch,
+               attention: AttentionBackend) -> torch.Tensor:
+        """Writes the K/V of every token of `x`, and attends with the queries `q`: [rows, heads, head_dim]."""
+        split, rows = batch.decode_split, batch.query_rows
         k = rows_apart(self.k_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
         v = rows_apart(self.v_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
@@ -113,8 +135,7 @@ class Attention(nn.Module):
         cos, sin = rotary
         q = apply_rotary(q, cos, sin) if rows is None else apply_rotary(q, cos[rows], sin[rows])
         k = apply_rotary(k, cos, sin)
-        out = attention.forward(q, k, v, self.layer_index, batch)
-        return rows_apart(self.o_proj, out.reshape(q.shape[0], -1), split)
+        return attention.forward(q, k, v, self.layer_index, batch)
 
 
 class MLP(nn.Module):
@@ -145,19 +166,24 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    layer_type: type[nn.Module] = DecoderLayer
+    norm_type: type[nn.Module] = RMSNorm
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(self.layer_type(config, i) for i in range(config.num_layers))
+        self.norm = self.norm_type(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
 
 class CausalLM(nn.Module):
+    decoder_type: type[nn.Module] = DecoderModel
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config)
+        self.model = self.decoder_type(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -7,17 +7,22 @@ from engine.attention.base import AttentionBatch
 from engine.attention.select import select_backend
 from engine.decode_graphs import DecodeGraphs, GraphSettings
 from engine.kv.cache import KVCache
+from engine.linear_attention.state_pool import StatePool
 from engine.model import CausalLM
 from engine.scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    """Runs the model on one scheduled step, with one attention backend over the KV pool (engine.attention)."""
+    """Runs the model on one scheduled step, with one attention backend over the KV pool (engine.attention);
+    a hybrid model (engine.hybrid_model) also reads and writes its sequences' slots of `states`."""
 
     def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True,
-                 graphs: GraphSettings | None = None):
+                 graphs: GraphSettings | None = None, states: StatePool | None = None):
+        assert model.config.is_hybrid == (states is not None), "a hybrid model runs with a state pool, only it"
+        assert states is None or graphs is None, "a hybrid model's decode steps run eagerly"
         self.model = model
         self.kv = kv
+        self.states = states
         self.device = device
         self.attention = select_backend(kv, scale=model.config.head_dim ** -0.5)
         self.cascade = cascade
@@ -55,7 +60,11 @@ class ModelRunner:
         self.attention.plan(attention_batch)
         self.tokens_computed += input_ids.numel()
         self.prompt_tokens_computed += input_ids.numel() - batch.num_decode
-        hidden = self.model(input_ids, positions, attention_batch, self.attention)
+        if self.states is None:
+            hidden = self.model(input_ids, positions, attention_batch, self.attention)
+        else:
+            states = self.states.for_step([seq.seq_id for seq in batch.seqs])
+            hidden = self.model(input_ids, positions, attention_batch, self.attention, states)
         return self.model.compute_logits(hidden, attention_batch.decode_split)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:

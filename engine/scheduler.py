@@ -133,10 +133,11 @@ class Scheduler:
 
     def _next_admissible(self, batch: ScheduledBatch) -> Sequence | None:
         """The first waiting request that would not gain a block or more of cache hits by
-        waiting for a prompt being computed now (so a shared trunk is computed once)."""
+        waiting for a prompt being computed now (so a shared trunk is computed once). Without
+        prefix caching (off, or a hybrid model: engine.kv.block_manager) nobody waits for hits."""
         in_flight = self.prefilling + batch.seqs
         for seq in self.waiting:
-            if seq.block_table:
+            if seq.block_table or not self.blocks.enable_prefix_caching:
                 return seq
             _, cached = self.blocks.match_prefix(seq.token_ids)
             gain = max((common_prefix(seq.token_ids, other.token_ids) for other in in_flight), default=0)

@@ -8,13 +8,22 @@ The protocol the scheduler follows for every sequence:
     prepare_write()  grow the block table; copy a shared block before writing into it
     commit_written() make the freshly written tokens findable by other requests
     fork() / free()  share every block with a new sequence / drop this one's references
+
+On a hybrid model (Qwen3.5) each sequence also holds a slot of linear-attention state (a StatePool's, from
+engine.linear_attention.state_pool), taken at admit() and given back at free() with its blocks. That state
+cannot be rewound to the end of a cached prefix, so until the trunk's state is snapshotted, such a model
+shares no prefix: match_prefix finds nothing, and nothing is recorded for it to find.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.kv.block_pool import ROOT_HASH, BlockPool
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.linear_attention.state_pool import StatePool
 
 
 @dataclass(slots=True)
@@ -24,15 +33,17 @@ class BlockCopy:
 
 
 class BlockManager:
-    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True):
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True, states: "StatePool | None" = None):
         self.pool = pool
         self.block_size = pool.block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.states = states
+        self.enable_prefix_caching = enable_prefix_caching and states is None
         self.lookup_tokens = 0
         self.hit_tokens = 0
 
     def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
-        """Cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute."""
+        """Cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute. Nothing on
+        a hybrid model (one with a StatePool): its linear layers' state at the prefix's end is not kept."""
         if not self.enable_prefix_caching:
             return [], 0
         blocks, matched, parent = [], 0, ROOT_HASH
@@ -64,6 +75,8 @@ class BlockManager:
         seq.block_table = blocks
         seq.num_computed_tokens = matched
         seq.num_cached_tokens = matched
+        if self.states is not None:
+            self.states.allocate(seq.seq_id)
         self.lookup_tokens += len(seq.token_ids)
         self.hit_tokens += matched
 
@@ -107,12 +120,17 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_computed_tokens
+        if self.states is not None:
+            self.states.allocate(child.seq_id)
+            self.states.copy(parent.seq_id, child.seq_id)
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
             self.pool.release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        if self.states is not None:
+            self.states.free(seq.seq_id)
 
     def pin(self, seq: Sequence) -> list[int]:
         for block_id in seq.block_table:
@@ -122,6 +140,19 @@ class BlockManager:
     def unpin(self, block_ids: list[int]) -> None:
         for block_id in block_ids:
             self.pool.unpin(block_id)
+
+    def pin_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Pins the cached full blocks that hold a prefix of `token_ids`, computing nothing: a trunk
+        another request already computed stays findable however full the pool gets. Returns them."""
+        if not self.enable_prefix_caching:
+            return []
+        blocks, matched = self.match_prefix([*token_ids, -1])   # -1: no token, so all of token_ids may match
+        full = blocks[:matched // self.block_size]
+        for block_id in full:
+            self.pool.acquire(block_id)   # revives a cached free block
+            self.pool.pin(block_id)
+            self.pool.release(block_id)
+        return full
 
     def _must_copy_last(self, seq: Sequence) -> bool:
         """Writing continues inside the last block: copy it if another sequence reads it, or

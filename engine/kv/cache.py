@@ -10,7 +10,8 @@ from engine.loading.config import ModelConfig, kv_bytes_per_token
 
 @dataclass(slots=True)
 class KVCache:
-    """`layers[i]` is a (K, V) pair, each shaped [num_blocks, block_size, kv_heads, head_dim]."""
+    """`layers[i]` is a (K, V) pair, each shaped [num_blocks, block_size, kv_heads, head_dim]: one per
+    full-attention layer (a hybrid's linear layers keep no KV; config.kv_layers maps them)."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     block_size: int
@@ -20,7 +21,7 @@ class KVCache:
                  dtype: torch.dtype, device: torch.device) -> "KVCache":
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         layers = [(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device)) for _ in range(config.num_layers)]
+                   torch.zeros(shape, dtype=dtype, device=device)) for _ in range(config.num_kv_layers)]
         return cls(layers, block_size)
 
     @property
@@ -53,7 +54,7 @@ class KVCache:
 
 def blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype,
                       budget_tokens: int | None = None, budget_bytes: int | None = None) -> int:
-    per_token = kv_bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim, dtype.itemsize)
+    per_token = kv_bytes_per_token(config.num_kv_layers, config.num_kv_heads, config.head_dim, dtype.itemsize)
     block_bytes = per_token * block_size
     if budget_bytes is not None:
         return max(1, budget_bytes // block_bytes)

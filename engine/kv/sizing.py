@@ -23,6 +23,7 @@ import torch
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache, blocks_for_budget
 from engine.kv.device_memory import DeviceMemory
+from engine.linear_attention.state_pool import StatePool
 from engine.loading.config import ModelConfig, kv_bytes_per_token
 from engine.model import CausalLM
 from engine.model_runner import ModelRunner
@@ -67,7 +68,7 @@ class KVSizing:
 def size_kv_pool(net: CausalLM, config: ModelConfig, options: EngineOptions, dtype: torch.dtype,
                  device: torch.device, memory: DeviceMemory | None) -> KVSizing:
     """The pool for `net`; `memory` None sizes it by the CPU's default, else by what `memory` has free."""
-    block_bytes = options.block_size * kv_bytes_per_token(config.num_layers, config.num_kv_heads,
+    block_bytes = options.block_size * kv_bytes_per_token(config.num_kv_layers, config.num_kv_heads,
                                                           config.head_dim, dtype.itemsize)
     budget = _budget_blocks(config, options, dtype)
     if memory is None:
@@ -108,14 +109,27 @@ def profile_peak(net: CausalLM, config: ModelConfig, options: EngineOptions, dty
     (freed when this returns)."""
     context = profile_context(config, options, dtype)
     kv = KVCache.allocate(config, PROFILE_BLOCKS, options.block_size, dtype, device)
-    runner = ModelRunner(net, kv, device, options.cascade_attention)
     steps = [prefill_step(options, context), mixed_step(options, context)]
+    runner = ModelRunner(net, kv, device, options.cascade_attention, states=_profile_states(config, dtype, device,
+                                                                                           steps))
     try:
         return max(memory.peak_during(lambda: runner.run(step)) for step in steps)
     except torch.OutOfMemoryError:
         raise KVPoolTooSmall(f"a {options.max_num_batched_tokens:,}-token step at a {context:,}-token context "
                              "does not fit beside the weights; lower max_num_batched_tokens or kv_budget, "
                              "or use smaller weights (--weights)") from None
+
+
+def _profile_states(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                    steps: list[ScheduledBatch]) -> StatePool | None:
+    """A hybrid's state pool with a slot for each stand-in sequence of `steps`; None for other models."""
+    if not config.is_hybrid:
+        return None
+    states = StatePool.for_config(config, dtype, device)
+    for step in steps:
+        for seq in step.seqs:
+            states.allocate(seq.seq_id)
+    return states
 
 
 def profile_context(config: ModelConfig, options: EngineOptions, dtype: torch.dtype) -> int:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import UnsupportedArchitectureError
+from engine.linear import Linear
 from engine.linear_attention.gated_delta_rule import (
     chunked_gated_delta_rule,
     l2_normalize,
@@ -53,7 +54,8 @@ class GatedRMSNorm(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """Parameters named as the checkpoint names them (`model.layers.N.linear_attn.*`), so a transformers
-    `Qwen3_5GatedDeltaNet`'s state dict loads as it is."""
+    `Qwen3_5GatedDeltaNet`'s state dict loads as it is. The projections are engine.linear's `Linear`, which
+    loading may swap for other kinds (oneDNN's packed layout on a float32 CPU)."""
 
     def __init__(self, config: dict):
         super().__init__()
@@ -68,16 +70,16 @@ class GatedDeltaNet(nn.Module):
         hidden = config["hidden_size"]
         kernel = config["linear_conv_kernel_dim"]
 
-        self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden, self.num_value_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden, self.num_value_heads, bias=False)
+        self.in_proj_qkv = Linear(hidden, self.conv_dim, bias=False)
+        self.in_proj_z = Linear(hidden, self.value_dim, bias=False)
+        self.in_proj_b = Linear(hidden, self.num_value_heads, bias=False)
+        self.in_proj_a = Linear(hidden, self.num_value_heads, bias=False)
         # Holds the checkpoint's [conv_dim, 1, kernel] weight; short_conv applies it, over packed sequences.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.num_value_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_value_heads))
         self.norm = GatedRMSNorm(self.value_head_dim, config["rms_norm_eps"])
-        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.out_proj = Linear(self.value_dim, hidden, bias=False)
 
     def initial_state(self) -> LinearState:
         """The state before a sequence's first token: zeros."""

@@ -14,14 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, OptionError
+from engine.hybrid_model import HybridCausalLM
 from engine.linear import Linear, PackedLinear, swap_linears
 from engine.loading.config import ModelConfig
 from engine.loading.loader import iter_weights
 from engine.loading.model_source import ModelSource
 from engine.loading.weight_plan import FORMAT_OF_DTYPE, WeightPlan, check_weight_scheme
 from engine.model import CausalLM, RotaryEmbedding
-from engine.options import EngineOptions
+from engine.options import QUANTIZE_SCHEMES, EngineOptions
 from engine.quantized_layers import QuantizedEmbedding, QuantizedLinear
 from engine.weight_memory import WeightMemory
 from kernels.cpu import onednn_linear
@@ -44,8 +45,11 @@ def load_model(source: ModelSource, config: ModelConfig, device: torch.device, d
                options: EngineOptions) -> LoadedModel:
     """The model `config` describes, with the weights of `source` kept as options.weights says."""
     plan = WeightPlan(check_weight_scheme(options.weights, source.kind), dtype)
+    if config.is_hybrid and plan.scheme in QUANTIZE_SCHEMES:
+        raise OptionError(f"weights {plan.scheme!r} is not supported for Qwen3.5 yet (its linear-attention layers "
+                          "have no quantized kernels); use weights: auto or float")
     with torch.device("meta"):
-        net = CausalLM(config)
+        net = HybridCausalLM(config) if config.is_hybrid else CausalLM(config)
     quantized = _read_weights(net, source, plan, device, dtype)
     _swap_quantized(net, quantized, dtype)
     net.model.rotary_emb = RotaryEmbedding(config).to(device)

@@ -16,6 +16,8 @@ MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
 }
 
 SUPPORTED_ARCHITECTURES = {
@@ -23,9 +25,36 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",   # the text model of it; vision weights are skipped
 }
 
+HYBRID_FAMILIES = ("qwen3_5",)
+FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class LinearAttentionShape:
+    """The Gated DeltaNet layers' dimensions (engine.linear_attention), under the checkpoint's names."""
+
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "LinearAttentionShape":
+        return cls(raw.get("linear_num_key_heads", 16), raw.get("linear_num_value_heads", 32),
+                   raw.get("linear_key_head_dim", 128), raw.get("linear_value_head_dim", 128),
+                   raw.get("linear_conv_kernel_dim", 4))
+
+    @property
+    def conv_dim(self) -> int:
+        keys = self.linear_num_key_heads * self.linear_key_head_dim
+        return 2 * keys + self.linear_num_value_heads * self.linear_value_head_dim
 
 
 @dataclass(slots=True)
@@ -49,11 +78,19 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # hybrids (Qwen3.5): each layer's kind (empty: every layer is full attention), the part of each head
+    # rotary turns, and the linear layers' shape
+    layer_types: list[str] = field(default_factory=list)
+    partial_rotary_factor: float = 1.0
+    linear_attention: LinearAttentionShape | None = None
+    hidden_act: str = "silu"
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
         arch = _architecture(raw)
         family = SUPPORTED_ARCHITECTURES[arch]
+        if family in HYBRID_FAMILIES:
+            raw = _text_fields(raw)
         heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
         if family == "mistral" and raw.get("sliding_window") not in (None, 0):
@@ -77,11 +114,12 @@ class ModelConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_5"),
             rope_scaling=_rope_scaling(raw),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_list(raw.get("eos_token_id")),
+            **(_hybrid_fields(raw) if family in HYBRID_FAMILIES else {}),
         )
 
     @classmethod
@@ -98,9 +136,34 @@ class ModelConfig:
         except KeyError as err:
             raise ModelLoadError(f"{path}: missing key {err.args[0]!r}") from None
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers of two kinds (Qwen3.5): linear attention keeps a recurrent state per sequence, not KV."""
+        return bool(self.layer_types)
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The layers that keep KV (full attention), in order: KV layer j of the pool is layer kv_layers[j]."""
+        if not self.layer_types:
+            return list(range(self.num_layers))
+        return [i for i, kind in enumerate(self.layer_types) if kind == FULL_ATTENTION]
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_types) if kind == LINEAR_ATTENTION]
+
+    @property
+    def num_kv_layers(self) -> int:
+        return len(self.kv_layers)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head that rotary turns (all of them but in partial rotary)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
     def kv_bytes_per_token(self, dtype: str = "float16") -> int:
-        """The module's kv_bytes_per_token for this model, its cache in `dtype`."""
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, DTYPE_BYTES[dtype])
+        """The module's kv_bytes_per_token for this model, its cache in `dtype` (full-attention layers only)."""
+        return kv_bytes_per_token(self.num_kv_layers, self.num_kv_heads, self.head_dim, DTYPE_BYTES[dtype])
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -117,6 +180,48 @@ def _architecture(raw: dict) -> str:
     supported = ", ".join(SUPPORTED_ARCHITECTURES)
     raise UnsupportedArchitectureError(
         f"architecture {name!r} is not supported; supported: {supported}")
+
+
+def _text_fields(raw: dict) -> dict:
+    """A multimodal config's text model fields (under `text_config`), with the top level's architecture
+    and embedding tie, which transformers reads there."""
+    if "text_config" not in raw:
+        return raw
+    outer = {key: raw[key] for key in ("architectures", "tie_word_embeddings", "torch_dtype", "dtype") if key in raw}
+    return {**raw["text_config"], **outer}
+
+
+def _hybrid_fields(raw: dict) -> dict:
+    if raw.get("attention_bias") or raw.get("attn_output_gate", True) is False:
+        raise UnsupportedArchitectureError("Qwen3.5 with attention_bias: true or attn_output_gate: false is not "
+                                           "supported (its checkpoints have no attention biases and a gated output)")
+    return dict(layer_types=_layer_types(raw), partial_rotary_factor=_partial_rotary_factor(raw),
+                linear_attention=LinearAttentionShape.from_dict(raw), hidden_act=raw.get("hidden_act", "silu"))
+
+
+def _layer_types(raw: dict) -> list[str]:
+    """`layer_types`, else every `full_attention_interval`-th layer full attention (transformers' default: 4)."""
+    layers = raw["num_hidden_layers"]
+    interval = raw.get("full_attention_interval", 4)
+    types = raw.get("layer_types") or [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION
+                                       for i in range(layers)]
+    unknown = sorted(set(types) - {FULL_ATTENTION, LINEAR_ATTENTION})
+    if len(types) != layers or unknown:
+        raise UnsupportedArchitectureError(
+            f"layer_types must name each of the {layers} layers full_attention or linear_attention "
+            f"(got {len(types)}{', e.g. ' + repr(unknown[0]) if unknown else ''})")
+    return list(types)
+
+
+def _partial_rotary_factor(raw: dict) -> float:
+    params = raw.get("rope_parameters") or {}
+    factor = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+    rotated = int(head_dim * factor)
+    if factor > 1 or rotated < 2 or rotated % 2:
+        raise UnsupportedArchitectureError(f"partial_rotary_factor {factor} of head_dim {head_dim} must rotate an "
+                                           "even number of dims, at least 2 and at most head_dim")
+    return factor
 
 
 def _rope_theta(raw: dict) -> float:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +19,11 @@ from kernels.reference.quant_blocks import QuantizedTensor
 
 if TYPE_CHECKING:
     from engine.loading.gguf_weights import KeepBlocks
+
+# A multimodal checkpoint's text model (Qwen3_5ForConditionalGeneration) is read under the text model's names;
+# its vision tower and its multi-token-prediction head are not read at all.
+TEXT_MODEL_PREFIX = ("model.language_model.", "model.")
+SKIPPED_PARTS = {"model.visual.": "vision", "mtp.": "MTP"}
 
 
 def load_model_config(ref: str | ModelSource) -> ModelConfig:
@@ -59,17 +66,31 @@ def iter_weights(ref: str | ModelSource, keep: "KeepBlocks | None" = None
         from engine.loading.gguf_weights import iter_gguf_weights
         yield from iter_gguf_weights(source.path, keep)
         return
+    skipped: Counter[str] = Counter()
     for file in _safetensors_files(source.path):
-        yield from _safetensors_tensors(file)
+        yield from _safetensors_tensors(file, skipped)
+    if skipped:
+        parts = " and ".join(f"{count} {part}" for part, count in skipped.items())
+        warnings.warn(f"skipped {parts} tensors of {source.path.name}: swarm runs the text model only", stacklevel=2)
 
 
-def _safetensors_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors_tensors(file: Path, skipped: Counter[str]) -> Iterator[tuple[str, torch.Tensor]]:
     try:
         with safe_open(str(file), framework="pt") as tensors:
             for name in tensors.keys():
-                yield name, tensors.get_tensor(name)
+                part = next((part for prefix, part in SKIPPED_PARTS.items() if name.startswith(prefix)), None)
+                if part is not None:
+                    skipped[part] += 1
+                    continue
+                yield text_model_name(name), tensors.get_tensor(name)
     except (SafetensorError, OSError, ValueError) as err:
         raise ModelLoadError(f"{file}: corrupt safetensors file ({_first_line(err)})") from None
+
+
+def text_model_name(name: str) -> str:
+    """`model.language_model.layers.0...` -> `model.layers.0...`; other names as they are."""
+    old, new = TEXT_MODEL_PREFIX
+    return new + name[len(old):] if name.startswith(old) else name
 
 
 def _source(ref: str | ModelSource) -> ModelSource:

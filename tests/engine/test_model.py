@@ -4,7 +4,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
-from tests.helpers.tiny_models import load_reference, reference_greedy
+from tests.helpers.tiny_models import HYBRID_VARIANTS, load_reference, reference_greedy
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 8, 13, 21, 34, 55, 89, 144, 233, 19, 23, 29, 31, 37]
 
@@ -22,7 +22,7 @@ def _our_greedy_with_logits(llm: LLM, prompt: list[int], steps: int):
     return seq.output_token_ids, torch.stack(logits)
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS + list(HYBRID_VARIANTS))
 def test_logits_and_greedy_tokens_match_transformers(tiny_model_dir, variant):
     folder = tiny_model_dir(variant)
     llm = LLM(str(folder), dtype="float32", kv_budget_tokens=1024)

@@ -191,3 +191,13 @@ def test_on_a_gpu_the_pool_is_sized_from_the_measured_profile(tiny_model_dir):
     while engine.has_work():
         engine.step()
     assert seq.num_output_tokens == 3
+
+
+def test_a_hybrid_model_is_profiled_with_its_states_and_its_blocks_hold_only_full_attention_kv(tiny_model_dir):
+    hybrid = LLMEngine(str(tiny_model_dir("qwen3_5")), EngineOptions(device="cpu", dtype="float32"))
+    options = replace(SMALL, kv_budget_tokens=None)
+    peak = profile_peak(hybrid.runner.model, hybrid.config, options, hybrid.dtype, hybrid.device, HostAllocations())
+    per_block = block_bytes(hybrid)
+    assert per_block == BLOCK * hybrid.config.kv_bytes_per_token("float32") == BLOCK * 2 * 1 * 2 * 16 * 4
+    sizing = size(hybrid, options, Card(RUNTIME_RESERVE_BYTES + peak + 5 * per_block))
+    assert sizing.block_bytes == per_block and sizing.num_blocks == 5

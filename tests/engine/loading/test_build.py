@@ -167,3 +167,10 @@ def test_quantizing_a_gguf_file_again_is_refused(tiny_gguf):
         load(tiny_gguf(tied=False), weights="q8_0")
     with pytest.raises(OptionError, match="use one of auto, float, q8_0"):
         load(tiny_gguf(tied=False), weights="q3_k")
+
+
+def test_quantizing_a_qwen3_5_checkpoint_at_load_is_refused_in_one_line(tiny_model_dir):
+    with pytest.raises(OptionError, match="not supported for Qwen3.5 yet") as caught:
+        load(tiny_model_dir("qwen3_5"), weights="q8_0")
+    assert "\n" not in str(caught.value)
+    assert type(load(tiny_model_dir("qwen3_5"), weights="float").net).__name__ == "HybridCausalLM"

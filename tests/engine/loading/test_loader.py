@@ -3,8 +3,10 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.errors import ModelLoadError, UnsupportedArchitectureError
@@ -106,3 +108,41 @@ def test_truncated_gguf_from_the_cli(tmp_path):
 def test_bad_dtype_from_the_cli(tiny_model_dir):
     assert_one_line_error(run_cli("generate", "--model", str(tiny_model_dir("llama")), "--dtype", "int3", "hi"),
                           "int3")
+
+
+def write_as_conditional_generation(text_folder: Path, folder: Path) -> Path:
+    """A Qwen3_5ForCausalLM folder rewritten as Qwen3_5ForConditionalGeneration writes its checkpoint: the text
+    model's tensors under model.language_model., a vision tower and an MTP head beside them, the text config
+    nested under text_config."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(text_folder / name, folder / name)
+    tensors = {name.replace("model.", "model.language_model.", 1): tensor
+               for name, tensor in load_file(text_folder / "model.safetensors").items()}
+    tensors["model.visual.patch_embed.proj.weight"] = torch.ones(8, 3, 2, 2)
+    tensors["model.visual.blocks.0.attn.qkv.weight"] = torch.ones(24, 8)
+    tensors["mtp.fc.weight"] = torch.ones(64, 128)
+    save_file(tensors, folder / "model.safetensors")
+    text_config = json.loads((text_folder / "config.json").read_text())
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "tie_word_embeddings": text_config.pop("tie_word_embeddings"), "text_config": text_config,
+              "vision_config": {"depth": 1, "hidden_size": 8}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_conditional_generation_checkpoint_loads_its_text_model_and_notes_what_it_skips(tiny_model_dir, tmp_path):
+    text_folder = tiny_model_dir("qwen3_5")
+    folder = write_as_conditional_generation(text_folder, tmp_path / "multimodal")
+    with pytest.warns(UserWarning, match="skipped 2 vision and 1 MTP tensors of multimodal") as notes:
+        multimodal = LLM(str(folder), dtype="float32", kv_budget_tokens=512)
+    assert len([note for note in notes if "skipped" in str(note.message)]) == 1
+    assert multimodal.config.architecture == "Qwen3_5ForConditionalGeneration"
+    with pytest.warns(UserWarning, match="skipped"):
+        assert "model.layers.0.linear_attn.A_log" in load_weights(str(folder))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    prompt = list(range(5, 30))
+    text = LLM(str(text_folder), dtype="float32", kv_budget_tokens=512)
+    assert multimodal.generate([prompt], params)[0].token_ids == text.generate([prompt], params)[0].token_ids
