@@ -43,7 +43,7 @@ def run(
     swarm_spec = load_spec(spec)
     if swarm_spec.external is not None:
         check_installed(swarm_spec.external)   # before the model loads: a missing CLI is one line, at once
-        return _run_external(swarm_spec, spec, out, as_json)
+        return _run_external(swarm_spec, spec, out, as_json, tui=not no_tui)
     if no_graphs:
         swarm_spec.graphs = False
     base = out_folder(swarm_spec, out)
@@ -65,16 +65,19 @@ def run(
         raise typer.Exit(stop.exit_code)
 
 
-def _run_external(swarm_spec: SwarmSpec, spec: Path, out: Path | None, as_json: bool) -> None:
+def _run_external(swarm_spec: SwarmSpec, spec: Path, out: Path | None, as_json: bool, tui: bool) -> None:
     """N copies of a harness CLI on one engine served in this process (swarm/run/external_run.py)."""
     if swarm_spec.backend.is_remote:
         raise SpecError(f"{spec}: backend: an external harness runs on swarm's own engine; drop backend:")
+    from swarm.cli.harness_dashboard import HarnessDashboard, HarnessLines
     from swarm.run.external_run import ExternalRun
 
     run_dir = new_run_dir(out_folder(swarm_spec, out), spec)
+    stream = sys.stderr if as_json else sys.stdout
+    view = HarnessDashboard(Console(file=stream)) if tui and stream.isatty() else HarnessLines(stream)
     stop = StopFlag()
     with stop.installed():
-        summary = ExternalRun(swarm_spec, run_dir, sys.stderr if as_json else sys.stdout, stop).run()
+        summary = ExternalRun(swarm_spec, run_dir, view, stop).run()
     if as_json:
         print(json.dumps(summary, indent=2, ensure_ascii=False), flush=True)
     if summary["status"] == "interrupted":

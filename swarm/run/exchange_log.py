@@ -11,7 +11,6 @@ however the run ends. `over_limit` names the agents past their requests or gener
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ class AgentCounts:
     prompt_tokens: int = 0
     cached_tokens: list[int] = field(default_factory=list)   # one a finished request, in order
     generated_tokens: int = 0
-    in_flight: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)   # engine request id -> prompt tokens, not answered yet
+    last: tuple[int, int, int] | None = None             # the last answered: prompt, cached, generated tokens
 
     def to_json(self) -> dict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
@@ -40,17 +40,19 @@ class ExchangeLog:
                  start_time: float | None = None):
         self.run_dir = run_dir
         self.counts = {name: AgentCounts() for name in agents}
+        self.agent_of: dict[str, str] = {}
+        """engine request id -> agent, for every request started."""
         self.max_requests, self.max_generated = max_requests, max_generated
         self.start_time = time.monotonic() if start_time is None else start_time
-        self.first_finished = threading.Event()
         self._files: dict[str, TextIO] = {}
 
     def started(self, record: ExchangeStarted) -> None:
         counts = self.counts.get(record.agent)
         if counts is None:
             return
+        self.agent_of[record.request_id] = record.agent
         counts.requests += 1
-        counts.in_flight += 1
+        counts.in_flight[record.request_id] = record.prompt_tokens
         counts.prompt_tokens += record.prompt_tokens
         self._write(record.agent, record.to_json())
 
@@ -58,11 +60,11 @@ class ExchangeLog:
         counts = self.counts.get(record.agent)
         if counts is None:
             return
-        counts.in_flight -= 1
+        counts.in_flight.pop(record.request_id, None)
         counts.cached_tokens.append(record.cached_tokens)
+        counts.last = (record.prompt_tokens, record.cached_tokens, record.generated_tokens)
         counts.generated_tokens += record.generated_tokens
         self._write(record.agent, record.to_json())
-        self.first_finished.set()
 
     def over_limit(self) -> dict[str, str]:
         """agent -> why it must stop: its requests or its generated tokens are used up."""

@@ -19,7 +19,7 @@ Sharing saves what each agent would otherwise hold a copy of:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 from engine import KVStats, RequestKV
@@ -181,3 +181,22 @@ def _update(memory: AgentMemory, request: RequestKV | None) -> None:
     memory.shared_tokens, memory.private_tokens = request.shared_tokens, request.private_tokens
     memory.peak_shared_bytes = max(memory.peak_shared_bytes, request.shared_bytes)
     memory.peak_private_bytes = max(memory.peak_private_bytes, request.private_bytes)
+
+
+def by_agent(stats: KVStats, agent_of: dict[str, str]) -> KVStats:
+    """`stats` with each request's row named by its agent (`agent_of`: request id -> agent), for
+    `RunMemory.observe_engine`: a harness's agent is whichever request it has in flight. An agent with
+    two requests in flight gets one row, their sum; rows of no agent (the pinned trunk's) are left out."""
+    rows: dict[str, RequestKV] = {}
+    for request in stats.requests:
+        agent = agent_of.get(request.request_id)
+        if agent is None:
+            continue
+        row = rows.get(agent)
+        rows[agent] = replace(request, request_id=agent) if row is None else _sum(row, request)
+    return replace(stats, requests=list(rows.values()))
+
+
+def _sum(row: RequestKV, other: RequestKV) -> RequestKV:
+    return replace(row, **{f.name: getattr(row, f.name) + getattr(other, f.name)
+                           for f in fields(RequestKV) if f.name != "request_id"})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 from pathlib import Path
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -50,8 +51,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, capture_dir: Path | None = None,
               canonicalize: bool = False, agent_keys: dict[str, str] | None = None,
-              exchanges: ExchangeListener | None = None, max_output_tokens: int | None = None) -> FastAPI:
-    """`max_output_tokens`: no reply gets more, whatever a request asks (it ends with the length reason)."""
+              exchanges: Sequence[ExchangeListener] = (), max_output_tokens: int | None = None) -> FastAPI:
+    """`exchanges`: told of every exchange (swarm/server/exchanges.py). `max_output_tokens`: no reply gets
+    more, whatever a request asks (it ends with the length reason)."""
     app = FastAPI(title="swarm", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     if capture_dir is not None:  # inside the body limit: it sees only bodies the server takes
@@ -64,7 +66,7 @@ def build_app(engine: AsyncEngine, model: ServedModel, api_key: str | None = Non
     canonicalized = CanonicalizedCounts() if canonicalize else None
     prompter = ChatPrompter(tokenizer, Canonicalizer(canonicalized) if canonicalized is not None else None)
     per_agent = AgentCounts(sorted(set(agent_keys.values()))) if agent_keys else None
-    listeners = [listener for listener in (per_agent, exchanges) if listener is not None]
+    listeners = [*([per_agent] if per_agent else []), *exchanges]
     ctx = ServeContext(engine, model, Limits.of(engine, max_output_tokens), tokenizer, prompter, ReplyCounts(),
                        Exchanges(listeners) if listeners else None)
     registry = metrics_registry(engine, model, ctx.replies, canonicalized, per_agent)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from swarm.server.responses import Job
@@ -33,9 +33,13 @@ class ExchangeStarted:
     request: dict            # the body as received
     prompt_tokens: int
     time: float              # Unix seconds
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    """The rendered prompt, for whoever watches what requests share (not in the transcript)."""
 
     def to_json(self) -> dict:
-        return {"event": "started", **asdict(self)}
+        fields = asdict(self)
+        del fields["prompt_ids"]
+        return {"event": "started", **fields}
 
 
 @dataclass(slots=True)
@@ -72,7 +76,7 @@ class Exchanges:
 
     def started(self, job: Job, path: str, body: dict) -> None:
         record = ExchangeStarted(job.agent, API_BY_PATH.get(path, path), job.request_id, body,
-                                 len(job.prompt_ids), time.time())
+                                 len(job.prompt_ids), time.time(), list(job.prompt_ids))
         self._tell("started", record)
 
     def finished(self, job: Job, path: str) -> None:

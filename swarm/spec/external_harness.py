@@ -23,8 +23,9 @@ from engine import SpecError
 from swarm.spec.reader import SpecReader, join
 
 APIS = ("anthropic", "openai-responses", "openai-chat")
-TRUNK_SOURCES = ("first-request",)
-"""How swarm learns the trunk it prefills once: from the first request an agent sends."""
+TRUNK_SOURCES = ("first-request", "first-request-with-tools")
+"""How swarm learns the trunk it computes once and pins: from the first request an agent sends, or its first
+request that carries tools (a CLI that first asks for a session title, without them). swarm/run/harness_trunk.py"""
 PLACEHOLDERS = ("task", "model", "base_url", "api_key", "home", "workspace", "context_tokens", "output_tokens")
 KEYS = ["name", "description", "api", "command", "env", "files", "install", "trunk"]
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")

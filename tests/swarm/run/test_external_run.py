@@ -2,50 +2,18 @@
 (tests/helpers/fake_harness.py) as the agents, on the tiny model served in the run's own process."""
 import json
 import signal
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.processes import HANG_GUARD, PYTHON, REPO, is_running, wait_for
-from tests.helpers.runs import read_transcript, swarm, tiny_model
-
-FAKE = REPO / "tests" / "helpers" / "fake_harness.py"
-SPEC = """\
-model: {model}
-task: Fix the bug in a.py.
-agents: {agents}
-workspace: {project}
-out: {out}
-sampling: {{max_tokens: 8}}
-harness:
-  name: fake
-  api: {api}
-  command: [{python}, {fake}, --api, {api}, --base-url, "{{base_url}}{suffix}", --api-key, "{{api_key}}",
-            --model, "{{model}}", --task, "{{task}}"{extra}]
-  files: {{settings.json: '{{"workspace": "{{workspace}}"}}'}}
-"""
-
-
-def write_spec(tmp_path, api: str = "openai-chat", agents: int = 2, extra: str = "") -> tuple:
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "a.py").write_text("def add(a, b):\n    return a - b\n")
-    spec = tmp_path / "swarm.yaml"
-    suffix = "" if api == "anthropic" else "/v1"
-    spec.write_text(SPEC.format(model=tiny_model(tmp_path), agents=agents, project=project, out=tmp_path / "runs",
-                                api=api, python=PYTHON, fake=FAKE, suffix=suffix, extra=extra))
-    return spec, tmp_path / "runs"
-
-
-def only_run(runs: Path) -> Path:
-    [run_dir] = list(runs.iterdir())
-    return run_dir
+from tests.helpers.external_specs import only_run, write_external_spec
+from tests.helpers.processes import HANG_GUARD, is_running, wait_for
+from tests.helpers.runs import read_transcript, swarm
 
 
 # the three APIs' clients are tried in tests/swarm/run/test_fake_harness_protocols.py
 @pytest.mark.parametrize("api", ["anthropic"])
 def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trunk(tmp_path, api):
-    spec, runs = write_spec(tmp_path, api)
+    spec, runs = write_external_spec(tmp_path, api)
     process = swarm("run", spec, "--json")
     out, err = process.communicate(timeout=HANG_GUARD * 6)
     assert process.returncode == 0, err
@@ -73,10 +41,22 @@ def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trun
         assert all(e["generated_tokens"] <= 8 for e in events if e["event"] == "finished")
         assert events[0]["request"]["max_tokens"] == 256
     assert json.loads((run_dir / "summary.json").read_text()) == summary
+    # what the first two agents' first requests share is pinned, and the engine's figures add up
+    trunk, memory = summary["trunk"], summary["memory"]
+    assert trunk["pinned"] and trunk["tokens"] == trunk["blocks"] * memory["block_size"] > 0
+    assert trunk["tokens"] <= second["cached_tokens_per_request"][0] and trunk["from_agents"] == ["agent-1", "agent-2"]
+    assert memory["trunk_tokens"] == trunk["tokens"] and memory["samples"] > 0
+    for reading in (memory["peak"], memory["final"]):
+        assert reading["used_bytes"] == (reading["shared_bytes"] + reading["private_bytes"]
+                                         + reading["trunk_private_bytes"] + reading["pinned_only_bytes"])
+    assert memory["final"]["pinned_only_bytes"] == trunk["bytes"]   # every CLI gone: the pinned trunk is left
+    assert sum(agent["peak_shared_bytes"] + agent["peak_private_bytes"] for agent in summary["agents"]) > 0
+    for agent in summary["agents"]:   # the plain lines: one per answered request
+        assert f"{agent['name']} request {agent['requests']} answered" in err
 
 
 def test_sigterm_stops_every_cli_process_tree_and_the_summary_says_interrupted(tmp_path):
-    spec, runs = write_spec(tmp_path, agents=2, extra=", --spawn-child")
+    spec, runs = write_external_spec(tmp_path, agents=2, extra=", --spawn-child")
     process = swarm("run", spec)
     assert wait_for(lambda: runs.exists() and any(runs.iterdir()))
     stdout_log = lambda: only_run(runs) / "agent-agent-1.stdout.log"   # noqa: E731

@@ -74,7 +74,7 @@ def recorder():
 
 @pytest.fixture(scope="module")
 def server(model_dir, recorder):
-    with ServerThread(start_engine(model_dir), agent_keys=KEYS, exchanges=recorder) as running:
+    with ServerThread(start_engine(model_dir), agent_keys=KEYS, exchanges=[recorder]) as running:
         yield running
 
 
