@@ -18,8 +18,10 @@ from tests.helpers.tiny_models import CHAT_TEMPLATE, build_tokenizer, make_tiny_
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_WORKSPACE = REPO / "swarm" / "example_workspace"
 EOS_ID = 2  # "<|im_end|>" in the tiny tokenizer
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-"""The environment the `swarm` subprocesses of the tests run in."""
+ENV = {**{name: value for name, value in os.environ.items() if name not in ("COLUMNS", "LINES")},
+       "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""The environment the `swarm` subprocesses of the tests run in: a terminal's size is its pty's, not the COLUMNS
+and LINES pytest-xdist sets in its workers."""
 
 
 def swarm(*args, **kwargs) -> subprocess.Popen:

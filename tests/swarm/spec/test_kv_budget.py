@@ -98,16 +98,17 @@ def test_a_budget_too_small_for_the_trunk_is_a_spec_error_that_names_the_least(t
                               "too few for the trunk (")
     least = int(stated(r"give at least ([\d,]+) tokens$", message).replace(",", ""))
     assert least > int(stated(r"the trunk \(([\d,]+) tokens\)", message).replace(",", ""))
-    check_trunk_fits(spec_with_budget(tmp_path / "least", model, least), tmp_path / "least" / "runs")
+    # the same folder each time: the agents' prompts name their paths, and a longer path is a longer prompt
+    check_trunk_fits(spec_with_budget(tmp_path, model, least), tmp_path / "runs")
     with pytest.raises(SpecError):
-        check_trunk_fits(spec_with_budget(tmp_path / "less", model, least - 16), tmp_path / "less" / "runs")
+        check_trunk_fits(spec_with_budget(tmp_path, model, least - 16), tmp_path / "runs")
 
 
 def test_a_size_too_small_names_the_least_in_its_own_unit_too(tmp_path, model):
     with pytest.raises(SpecError) as caught:
         check_trunk_fits(spec_with_budget(tmp_path, model, "1KB"), tmp_path / "runs")
     size = stated(r"give at least [\d,]+ tokens \(([\d.,]+KB)\)$", str(caught.value))
-    check_trunk_fits(spec_with_budget(tmp_path / "least", model, size), tmp_path / "least" / "runs")
+    check_trunk_fits(spec_with_budget(tmp_path, model, size), tmp_path / "runs")
 
 
 def test_the_least_budget_runs_every_agent(tmp_path, model):
