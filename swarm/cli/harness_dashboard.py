@@ -42,8 +42,9 @@ def header_rows(info: HarnessRunInfo, figures: HarnessFigures) -> list[tuple[str
             ("harness", f"{info.harness} ({info.api}) · {info.agents} agents · {info.url} · {info.workspace_path}"),
             (pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of {format_bytes(latest.total_bytes)}")]
     if figures.trunk_tokens:
-        rows.append(("trunk", f"{figures.trunk_tokens:,} tokens pinned · {format_bytes(figures.trunk_bytes)} · "
-                              f"shared by {latest.agents_sharing} of {latest.agents_with_kv} agents in flight"))
+        readers = (f"shared by {latest.agents_sharing} of {latest.agents_with_kv} agents in flight"
+                   if latest.agents_with_kv else "no request in flight")
+        rows.append(("trunk", f"{figures.trunk_tokens:,} tokens pinned · {format_bytes(figures.trunk_bytes)} · {readers}"))
     else:
         rows.append(("trunk", "not pinned yet: it is the tokens the first two agents' first requests share"))
     rows.append(("sharing", sharing_text(memory)))
@@ -52,9 +53,10 @@ def header_rows(info: HarnessRunInfo, figures: HarnessFigures) -> list[tuple[str
 
 def sharing_text(memory: RunMemory) -> str:
     latest, peak = memory.latest, memory.peak
-    return (f"holding {format_bytes(latest.used_bytes)} for what would be {format_bytes(latest.bytes_without_sharing)}"
-            f" without it (peak saving: {format_bytes(peak.used_bytes)} for {format_bytes(peak.bytes_without_sharing)})"
-            f" · prefix hit rate {memory.prefix_hit_rate or 0:.0%}")
+    now = (f"holding {format_bytes(latest.used_bytes)} for what would be {format_bytes(latest.bytes_without_sharing)}"
+           " without it" if latest.agents_with_kv else f"holding {format_bytes(latest.used_bytes)}, no request in flight")
+    return (f"{now} (peak saving: {format_bytes(peak.used_bytes)} for {format_bytes(peak.bytes_without_sharing)}) · "
+            f"prefix hit rate {memory.prefix_hit_rate or 0:.0%}")
 
 
 def agent_table(rows: list[HarnessAgentRow]) -> Table:

@@ -7,8 +7,9 @@ the CLI there against swarm's loopback server.
     <run>/agent-<agent>.stdout.log, .stderr.log    what the CLI printed (swarm/run/harness_process.py)
 
 The key is the agent's own, so the server attributes every request to it. Where a mount namespace is
-available each CLI sees its workspace at one path (swarm/run/workspace_mount.py), so prompts that name
-their cwd stay alike; elsewhere they name their own copies, and the server canonicalizes the requests.
+available each CLI sees its workspace at one path and its home at another (swarm/run/workspace_mount.py),
+so prompts that name their cwd or home stay alike; elsewhere they name their own, and the server
+canonicalizes the requests.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 from swarm.agents.workspace import Workspace
 from swarm.run.harness_process import HarnessProcess
 from swarm.run.setup import agent_workspace
-from swarm.run.workspace_mount import confine, seen_workspace
+from swarm.run.workspace_mount import confine, seen_paths
 from swarm.spec.external_harness import render
 from swarm.spec.schema import SwarmSpec
 
@@ -57,13 +58,14 @@ def _launch(spec: SwarmSpec, agent, run_dir: Path, key: str, base_url: str, mode
     workspace = agent_workspace(spec, agent, run_dir)
     home = run_dir / "homes" / agent.name
     home.mkdir(parents=True, exist_ok=True)
-    launch = render(spec.external, task=agent.task, model=model, base_url=base_url, api_key=key, home=home,
-                    workspace=Path(seen_workspace(workspace.root)), context_tokens=context_tokens,
-                    output_tokens=output_tokens)
-    for path, text in launch.files.items():
+    seen_root, seen_home = seen_paths(workspace.root, home)
+    launch = render(spec.external, task=agent.task, model=model, base_url=base_url, api_key=key, home=Path(seen_home),
+                    workspace=Path(seen_root), context_tokens=context_tokens, output_tokens=output_tokens)
+    for seen, text in launch.files.items():   # written where the home is, named as the CLI sees them
+        path = home / seen.relative_to(seen_home)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    confined = confine(launch.argv, workspace.root)
+    confined = confine(launch.argv, workspace.root, home)
     env = {name: os.environ[name] for name in PASSED_VARIABLES if name in os.environ} | launch.env
     process = HarnessProcess(agent.name, confined.argv, env, confined.cwd, run_dir)
     return AgentLaunch(agent.name, key, workspace, home, process, confined.method, confined.workspace)

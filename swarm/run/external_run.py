@@ -29,7 +29,7 @@ from swarm.run.external_launch import AgentLaunch, agent_keys, prepare_launches
 from swarm.run.harness_agents import HarnessFigures, HarnessRunInfo, agent_row
 from swarm.run.harness_process import stop_all
 from swarm.run.harness_trunk import HarnessTrunk
-from swarm.run.memory import MemorySnapshot, RunMemory, by_agent
+from swarm.run.memory import TRUNK_REQUEST_ID, MemorySnapshot, RunMemory, by_agent
 from swarm.run.setup import engine_options
 from swarm.run.stop_flag import StopFlag
 from swarm.run.summary import write_summary
@@ -95,6 +95,7 @@ class ExternalRun:
         self.keys = agent_keys(spec)
         self.model = engine.source.display_name
         self.trunk = HarnessTrunk(self.engine, self.names, spec.external.trunk)
+        self.engine.watch_steps(self.trunk.after_step)
         canonicalize = not mount_namespace_available()
         app = build_app(self.engine, ServedModel(self.model), agent_keys={key: name for name, key in self.keys.items()},
                         exchanges=[self.log, self.trunk], canonicalize=canonicalize,
@@ -187,7 +188,7 @@ class ExternalRun:
         self.view.update(self._figures())
 
     def _observe(self, stats: KVStats) -> None:
-        self.memory.observe_engine(by_agent(stats, self.log.agent_of))
+        self.memory.observe_engine(by_agent(stats, {**self.log.agent_of, TRUNK_REQUEST_ID: TRUNK_REQUEST_ID}))
         self.memory.set_trunk(self.trunk.tokens, len(self.trunk.blocks))
 
     def _final_reading(self) -> None:

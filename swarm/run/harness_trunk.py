@@ -3,22 +3,27 @@ and pinned once it is known, so that no agent's growing context evicts it.
 
     the first agent's trunk request        computed alone: the other agents start when it is answered
                                            (`ready`), so their first requests find it cached
-    the second agent's trunk request       the tokens the two have in common, in whole KV blocks, is
-                                           the trunk: its cached blocks are pinned (computing nothing)
+    the second agent's trunk request       the tokens the two have in common is the trunk: a request of
+                                           its own, "(trunk)", takes its cached blocks (computing only its
+                                           last token) and keeps them, pinned, as `swarm run`'s trunk is
 
 An agent's trunk request is its first request, or with the template's `trunk: first-request-with-tools`
 its first request that carries tools (OpenCode first asks for a session title, without them).
 With one agent, its trunk request is pinned whole once it is answered.
 
-Called on the server's event loop (swarm/server/exchanges.py): the pin is handed to the engine's
-thread (AsyncEngine.call) and never waited for there.
+The trunk's own request makes the accounting that of a built-in run (swarm/run/memory.py): its blocks are
+shared whenever an agent's request reads them, and the partly filled last block is the trunk's alone.
+The server calls `started` and `finished` on its event loop: the trunk's request is handed to the engine's
+thread (AsyncEngine.call), and pinned there after the step that prefilled it (`after_step`, an
+AsyncEngine.watch_steps watcher).
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
 
-from engine import AsyncEngine
+from engine import AsyncEngine, LLMEngine, SamplingParams, Sequence
+from swarm.run.memory import TRUNK_REQUEST_ID
 from swarm.server.exchanges import ExchangeFinished, ExchangeStarted
 
 WITH_TOOLS = "first-request-with-tools"
@@ -35,37 +40,43 @@ class HarnessTrunk:
         self.tokens = 0
         self.blocks: list[int] = []
         self.pinned_from: list[str] = []
-        self._pin: Future | None = None
+        self._added: Future | None = None
+        self._seq: Sequence | None = None
+        self._pinned = threading.Event()
 
     def started(self, record: ExchangeStarted) -> None:
         if record.agent not in self.agents or record.agent in self.requests or not self._is_trunk_request(record):
             return
         self.requests[record.agent] = record.request_id
         self.prompts[record.agent] = record.prompt_ids
-        if self._pin is None and len(self.prompts) == 2:
-            self._pin_common_prefix()
+        if self._added is None and len(self.prompts) == 2:
+            self._add_trunk()
 
     def finished(self, record: ExchangeFinished) -> None:
         if self.requests.get(record.agent) != record.request_id or record.agent != self._first_agent():
             return
         self.ready.set()
-        if len(self.agents) == 1 and self._pin is None:   # computed now: pinned whole
-            self._pin_common_prefix()
+        if len(self.agents) == 1 and self._added is None:   # computed now: pinned whole
+            self._add_trunk()
+
+    def after_step(self, engine: LLMEngine) -> None:
+        """Pins the trunk's request once a step has prefilled it."""
+        seq = self._seq
+        if seq is None or self._pinned.is_set() or seq.finish_reason is None:
+            return
+        if seq.finish_reason == "prefilled":
+            self.blocks, self.tokens = engine.pin(seq), len(seq.token_ids)
+        self._pinned.set()
 
     def wait_pinned(self, timeout: float = 30.0) -> None:
-        """Waits for the pin to be made (the engine thread runs it between steps)."""
-        if self._pin is not None:
-            self._pin.result(timeout)
+        """Waits for the trunk's request to be added and pinned, where there is one."""
+        if self._added is not None:
+            self._added.result(timeout)
+            self._pinned.wait(timeout)
 
     def to_json(self, block_bytes: int) -> dict:
         return {"source": self.source, "tokens": self.tokens, "blocks": len(self.blocks),
                 "bytes": len(self.blocks) * block_bytes, "pinned": bool(self.blocks), "from_agents": self.pinned_from}
-
-    def unpin(self) -> None:
-        """Gives the pinned blocks back (the run is over)."""
-        blocks, self.blocks = self.blocks, []
-        if blocks:
-            self.engine.call(lambda engine: engine.unpin(blocks))
 
     def _is_trunk_request(self, record: ExchangeStarted) -> bool:
         return self.source != WITH_TOOLS or bool(record.request.get("tools"))
@@ -73,14 +84,15 @@ class HarnessTrunk:
     def _first_agent(self) -> str | None:
         return next(iter(self.requests), None)
 
-    def _pin_common_prefix(self) -> None:
+    def _add_trunk(self) -> None:
         self.pinned_from = list(self.prompts)
         common = common_prefix(list(self.prompts.values()))
-        self._pin = self.engine.call(lambda engine: self._pinned(engine.pin_cached_prefix(common),
-                                                                 engine.blocks.block_size))
+        if common:
+            self._added = self.engine.call(lambda engine: self._add(engine, common))
 
-    def _pinned(self, blocks: list[int], block_size: int) -> None:
-        self.blocks, self.tokens = blocks, len(blocks) * block_size
+    def _add(self, engine: LLMEngine, trunk_ids: list[int]) -> None:
+        self._seq = engine.add_request(trunk_ids, SamplingParams(max_tokens=1), request_id=TRUNK_REQUEST_ID,
+                                       prefill_only=True)
 
 
 def common_prefix(prompts: list[list[int]]) -> list[int]:

@@ -186,7 +186,8 @@ def _update(memory: AgentMemory, request: RequestKV | None) -> None:
 def by_agent(stats: KVStats, agent_of: dict[str, str]) -> KVStats:
     """`stats` with each request's row named by its agent (`agent_of`: request id -> agent), for
     `RunMemory.observe_engine`: a harness's agent is whichever request it has in flight. An agent with
-    two requests in flight gets one row, their sum; rows of no agent (the pinned trunk's) are left out."""
+    two requests in flight gets one row, their sum; rows of no agent are left out (map TRUNK_REQUEST_ID to
+    itself to keep the trunk's)."""
     rows: dict[str, RequestKV] = {}
     for request in stats.requests:
         agent = agent_of.get(request.request_id)

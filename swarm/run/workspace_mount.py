@@ -1,11 +1,13 @@
-"""Every agent's workspace at one absolute path, AGENT_WORKSPACE, so that harnesses whose prompts name
-their cwd (Claude Code's environment block does) send the same prompt and share one trunk.
+"""Every agent's workspace at one absolute path, AGENT_WORKSPACE, and its home at another, AGENT_HOME, so
+that harnesses whose prompts name their cwd (Claude Code's environment block does) or their home (Codex
+lists its skills under CODEX_HOME) send the same prompt and share one trunk.
 
 Where the system allows it, the harness runs in a private mount namespace (util-linux `unshare`, no
-root needed) in which its own workspace is bind-mounted over AGENT_WORKSPACE:
+root needed) in which its own workspace and home are bind-mounted over AGENT_WORKSPACE and AGENT_HOME:
 
     unshare --user --map-root-user --mount      a user and mount namespace, as its root
-      sh -c 'mount --bind WORKSPACE AGENT_WORKSPACE && cd AGENT_WORKSPACE && exec ...'
+      sh -c 'mount --bind WORKSPACE AGENT_WORKSPACE && mount --bind HOME AGENT_HOME
+             && cd AGENT_WORKSPACE && exec ...'
         unshare --user --map-user=UID --map-group=GID    back to the caller's own uid and gid
           HARNESS ARGV...
 
@@ -27,9 +29,11 @@ from pathlib import Path
 from typing import Sequence
 
 AGENT_WORKSPACE = "/tmp/swarm-agent"
+AGENT_HOME = "/tmp/swarm-agent-home"
 MOUNT_NAMESPACE, NO_CONFINEMENT = "mount-namespace", "none"
-MOUNT_FAILED = 125  # the exit code when the bind mount or the cd fails
-_MOUNT_SCRIPT = f'"$1" --bind "$2" "$3" && cd "$3" || exit {MOUNT_FAILED}; shift 3; exec "$@"'
+MOUNT_FAILED = 125  # the exit code when a bind mount or the cd fails
+_MOUNT_SCRIPT = (f'"$1" --bind "$2" "$3" && "$1" --bind "$4" "$5" && cd "$3" || exit {MOUNT_FAILED}; '
+                 'shift 5; exec "$@"')
 _PROBE_FILE = "swarm-mount-probe"
 
 
@@ -41,25 +45,30 @@ class ConfinedCommand:
     workspace: str  # the path the harness sees as its workspace
 
 
-def confine(argv: Sequence[str], workspace: Path) -> ConfinedCommand:
-    """`argv` run with `workspace` at AGENT_WORKSPACE where this system can, else as it is."""
+def confine(argv: Sequence[str], workspace: Path, home: Path) -> ConfinedCommand:
+    """`argv` run with `workspace` at AGENT_WORKSPACE and `home` at AGENT_HOME where this system can, else as it is."""
     workspace = Path(workspace).resolve()
     if not mount_namespace_available():
         return ConfinedCommand(list(argv), workspace, NO_CONFINEMENT, str(workspace))
-    Path(AGENT_WORKSPACE).mkdir(parents=True, exist_ok=True)  # the mount point; a tmp cleaner may take it
-    return ConfinedCommand(mounted_argv(argv, workspace), workspace, MOUNT_NAMESPACE, AGENT_WORKSPACE)
+    for mount_point in (AGENT_WORKSPACE, AGENT_HOME):   # a tmp cleaner may take them
+        Path(mount_point).mkdir(parents=True, exist_ok=True)
+    return ConfinedCommand(mounted_argv(argv, workspace, Path(home).resolve()), workspace, MOUNT_NAMESPACE,
+                           AGENT_WORKSPACE)
 
 
-def seen_workspace(workspace: Path) -> str:
-    """The path a confined command sees `workspace` at: AGENT_WORKSPACE where confine mounts it there."""
-    return AGENT_WORKSPACE if mount_namespace_available() else str(Path(workspace).resolve())
+def seen_paths(workspace: Path, home: Path) -> tuple[str, str]:
+    """The paths a confined command sees `workspace` and `home` at: AGENT_WORKSPACE and AGENT_HOME where
+    confine mounts them there, else their own."""
+    if mount_namespace_available():
+        return AGENT_WORKSPACE, AGENT_HOME
+    return str(Path(workspace).resolve()), str(Path(home).resolve())
 
 
-def mounted_argv(argv: Sequence[str], workspace: Path) -> list[str]:
+def mounted_argv(argv: Sequence[str], workspace: Path, home: Path) -> list[str]:
     unshare, mount = shutil.which("unshare"), shutil.which("mount")
     assert unshare and mount, "mount_namespace_available() said yes"
     return [unshare, "--user", "--map-root-user", "--mount", "/bin/sh", "-c", _MOUNT_SCRIPT, "swarm-mount",
-            mount, str(workspace), AGENT_WORKSPACE,
+            mount, str(workspace), AGENT_WORKSPACE, str(home), AGENT_HOME,
             unshare, "--user", f"--map-user={os.getuid()}", f"--map-group={os.getgid()}", "--", *argv]
 
 
@@ -69,10 +78,11 @@ def mount_namespace_available() -> bool:
     if not (shutil.which("unshare") and shutil.which("mount")):
         return False
     try:
-        Path(AGENT_WORKSPACE).mkdir(parents=True, exist_ok=True)
+        for mount_point in (AGENT_WORKSPACE, AGENT_HOME):
+            Path(mount_point).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="swarm-mount-probe-") as scratch:
             (Path(scratch) / _PROBE_FILE).touch()
-            probe = mounted_argv(["test", "-f", _PROBE_FILE], Path(scratch))
+            probe = mounted_argv(["test", "-f", f"{AGENT_HOME}/{_PROBE_FILE}"], Path(scratch), Path(scratch))
             done = subprocess.run(probe, cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):

@@ -18,6 +18,7 @@ from tests.helpers.tiny_models import CHAT_TEMPLATE, build_tokenizer, make_tiny_
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_WORKSPACE = REPO / "swarm" / "example_workspace"
 EOS_ID = 2  # "<|im_end|>" in the tiny tokenizer
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ENV = {**{name: value for name, value in os.environ.items() if name not in ("COLUMNS", "LINES")},
        "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 """The environment the `swarm` subprocesses of the tests run in: a terminal's size is its pty's, not the COLUMNS
@@ -153,3 +154,14 @@ class ScriptedSampler:
             tokens = self.engine.tokenizer.encode(text)
             self.pending[seq_id] = tokens if text.endswith("</tool_call>") else tokens + [EOS_ID]
         return self.pending[seq_id].pop(0)
+
+
+def swarm_in_terminal(*args, columns: int = 180, timeout: float = 180) -> tuple[int, str]:
+    """`python -m swarm ARGS` in a pty of 40 rows: its exit status and what the terminal showed, escapes removed."""
+    import pexpect
+
+    child = pexpect.spawn(sys.executable, ["-m", "swarm", *map(str, args)], cwd=str(REPO), env=ENV,
+                          dimensions=(40, columns), encoding="utf-8", timeout=timeout)
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus, ANSI_ESCAPE.sub("", child.before)

@@ -1,9 +1,7 @@
 import io
 import re
-import sys
 import time
 
-import pexpect
 import pytest
 from rich.console import Console
 
@@ -17,20 +15,14 @@ from swarm.run.phases import SwarmRun
 from swarm.run.summary import RunInfo
 from swarm.spec.kv_budget import format_bytes
 from swarm.spec.schema import load_spec
-from tests.helpers.runs import ENV, REPO, ScriptedSampler, tiny_model, write_run_spec
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+from tests.helpers.runs import REPO, ScriptedSampler, swarm_in_terminal, tiny_model, write_run_spec
 
 
 def test_swarm_run_in_a_terminal_shows_the_live_table_with_a_row_per_agent(tmp_path, tmp_path_factory):
     spec = write_run_spec(tmp_path, tiny_model(tmp_path_factory.getbasetemp()),
                           agents=[{"name": "alpha"}, {"name": "beta"}], max_tokens=24)
-    child = pexpect.spawn(sys.executable, ["-m", "swarm", "run", str(spec)], cwd=str(REPO), env=ENV,
-                          dimensions=(40, 180), encoding="utf-8", timeout=120)
-    child.expect(pexpect.EOF)
-    child.close()
-    screen = ANSI.sub("", child.before)
-    assert child.exitstatus == 0, screen[-2000:]
+    status, screen = swarm_in_terminal("run", spec, columns=180, timeout=120)
+    assert status == 0, screen[-2000:]
     assert "KV pool (host memory)" in screen
     header = next(line for line in screen.splitlines() if "last tool" in line)
     assert header.split()[:3] == ["agent", "state", "turn"]

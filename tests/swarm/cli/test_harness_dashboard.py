@@ -2,16 +2,14 @@
 and its header, rows and plain lines from the figures a run makes."""
 import io
 import re
-import sys
 
-import pexpect
 from rich.console import Console
 
 from swarm.cli.harness_dashboard import HarnessDashboard, HarnessLines, header_rows
 from swarm.run.harness_agents import HarnessAgentRow, HarnessFigures, HarnessRunInfo
 from swarm.run.memory import MemorySnapshot, RunMemory
 from tests.helpers.external_specs import write_external_spec
-from tests.helpers.runs import ENV, REPO
+from tests.helpers.runs import swarm_in_terminal
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 INFO = HarnessRunInfo("run-1", "tiny", "cpu", "float32", "weights 1.00 MB · F32", "fake", "anthropic", 2,
@@ -59,12 +57,8 @@ def test_plain_lines_say_each_answered_request_once_and_each_exit():
 
 def test_swarm_run_of_an_external_harness_in_a_terminal_shows_the_live_table(tmp_path):
     spec, _ = write_external_spec(tmp_path, "openai-chat")
-    child = pexpect.spawn(sys.executable, ["-m", "swarm", "run", str(spec)], cwd=str(REPO), env=ENV,
-                          dimensions=(40, 200), encoding="utf-8", timeout=180)
-    child.expect(pexpect.EOF)
-    child.close()
-    screen = ANSI.sub("", child.before)
-    assert child.exitstatus == 0, screen[-2000:]
+    status, screen = swarm_in_terminal("run", spec, columns=200, timeout=180)
+    assert status == 0, screen[-2000:]
     assert "KV pool (host memory)" in screen and "fake (openai-chat) · 2 agents" in screen
     header = next(line for line in screen.splitlines() if "last request cached" in line)
     assert header.split()[:4] == ["agent", "state", "requests", "context"]

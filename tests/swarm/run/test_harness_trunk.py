@@ -1,8 +1,9 @@
 """swarm/run/harness_trunk.py on a real server and engine: two agents' first requests, through the OpenAI
-SDK with their own keys, pin the whole blocks they share, computing nothing more."""
+SDK with their own keys: the tokens they share become the trunk's own request, pinned."""
 import pytest
 
 from swarm.run.harness_trunk import WITH_TOOLS, HarnessTrunk, common_prefix
+from swarm.run.memory import TRUNK_REQUEST_ID
 from tests.helpers.runs import TINY_HARNESS, tiny_model
 from tests.helpers.serving import MODEL, ServerThread, start_engine
 
@@ -29,39 +30,45 @@ def serve(model_dir, source: str):
     return trunk, ServerThread(start_engine(model_dir), agent_keys=KEYS, exchanges=[trunk])
 
 
+def attach(trunk: HarnessTrunk, server):
+    """The trunk on the server's engine, as the run sets it up; returns the engine."""
+    trunk.engine = server.async_engine
+    server.async_engine.watch_steps(trunk.after_step)
+    return server.async_engine.engine
+
+
 def test_common_prefix():
     assert common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
     assert common_prefix([[1, 2], [1, 2, 3]]) == [1, 2] and common_prefix([[7], [8]]) == []
 
 
-def test_the_first_two_agents_first_requests_pin_the_whole_blocks_they_share(model_dir):
+def test_the_tokens_the_first_two_agents_first_requests_share_are_the_pinned_trunk(model_dir):
     trunk, running = serve(model_dir, "first-request")
     with running as server:
-        trunk.engine = server.async_engine
-        engine = server.async_engine.engine
+        engine = attach(trunk, server)
         ask(server, "key-a", "Fix a.py, please.")
         assert trunk.ready.is_set() and not trunk.blocks   # the first agent alone: nothing to compare yet
+        computed = engine.runner.prompt_tokens_computed
         ask(server, "key-b", "Write tests for b.py.")
         trunk.wait_pinned()
-        prompts = list(trunk.prompts.values())
-        shared = len(common_prefix(prompts))
+        shared = len(common_prefix(list(trunk.prompts.values())))
         size = engine.blocks.block_size
-        assert trunk.tokens == shared // size * size > 0 and len(trunk.blocks) == shared // size
+        assert trunk.tokens == shared > size and len(trunk.blocks) == -(-shared // size)
         assert all(engine.blocks.pool.is_pinned(block) for block in trunk.blocks)
-        computed = engine.runner.tokens_computed
-        stats = server.async_engine.snapshot_blocking().kv
-        assert stats.blocks_pinned == len(trunk.blocks) and engine.runner.tokens_computed == computed
+        rows = {row.request_id: row for row in server.async_engine.snapshot_blocking().kv.requests}
+        assert rows[TRUNK_REQUEST_ID].tokens == shared   # its own request holds it, as a built-in run's trunk
+        # b computed what it does not share with a; the trunk's request, only its last token
+        b_prompt = len(trunk.prompts["b"])
+        assert engine.runner.prompt_tokens_computed - computed == b_prompt - shared + 1
         ask(server, "key-a", "And c.py.")   # later requests change nothing
-        assert trunk.pinned_from == ["a", "b"] and len(trunk.blocks) == shared // size
-        trunk.unpin()
-        assert server.async_engine.snapshot_blocking().kv.blocks_pinned == 0
+        assert trunk.pinned_from == ["a", "b"] and len(trunk.blocks) == -(-shared // size)
 
 
 @pytest.mark.parametrize("source, pinned", [("first-request", False), (WITH_TOOLS, True)])
 def test_with_tools_the_trunk_request_is_the_first_that_carries_them(model_dir, source, pinned):
     trunk, running = serve(model_dir, source)
     with running as server:
-        trunk.engine = server.async_engine
+        attach(trunk, server)
         title = ask(server, "key-a", "Name this session.", tools=False)   # as OpenCode's title request
         assert trunk.ready.is_set() != pinned and (title in trunk.requests.values()) != pinned
         ask(server, "key-a", "Fix a.py, please.")

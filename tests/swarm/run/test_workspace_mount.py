@@ -7,6 +7,7 @@ import pytest
 
 from swarm.run.harness_process import HarnessProcess
 from swarm.run.workspace_mount import (
+    AGENT_HOME,
     AGENT_WORKSPACE,
     MOUNT_NAMESPACE,
     NO_CONFINEMENT,
@@ -23,14 +24,16 @@ needs_mount_namespace = pytest.mark.skipif(
 
 
 def workspace(tmp_path, name: str):
+    """A workspace and a home beside it, each saying whose it is."""
     folder = tmp_path / name
-    folder.mkdir()
-    (folder / "who").write_text(name)
+    for place in (folder, tmp_path / f"{name}-home"):
+        place.mkdir()
+        (place / "who").write_text(name)
     return folder
 
 
 def launch(tmp_path, agent: str, argv: list[str], folder) -> HarnessProcess:
-    confined = confine(argv, folder)
+    confined = confine(argv, folder, folder.with_name(folder.name + "-home"))
     assert confined.method == MOUNT_NAMESPACE and confined.workspace == AGENT_WORKSPACE
     return HarnessProcess(agent, confined.argv, ENV, confined.cwd, tmp_path).start()
 
@@ -38,15 +41,16 @@ def launch(tmp_path, agent: str, argv: list[str], folder) -> HarnessProcess:
 @needs_mount_namespace
 def test_two_agents_see_their_own_workspace_at_the_same_path_at_the_same_time(tmp_path):
     go = tmp_path / "go"
-    script = f'pwd; cat who; echo; while [ ! -e "{go}" ]; do sleep 0.01; done; cat who; echo; id -u'
+    script = (f'pwd; cat who; echo; while [ ! -e "{go}" ]; do sleep 0.01; done; cat who; echo; '
+              f'cat {AGENT_HOME}/who; echo; id -u')
     harnesses = [launch(tmp_path, name, ["sh", "-c", script], workspace(tmp_path, name)) for name in ("a", "b")]
     for harness in harnesses:
         assert wait_for(lambda: len(harness.stdout_path.read_text().split()) == 2), harness.stderr_path.read_text()
     go.touch()   # both are running, each in its namespace, when they read `who` the second time
     for harness, name in zip(harnesses, ("a", "b")):
         assert harness.wait(HANG_GUARD) == 0, harness.stderr_path.read_text()
-        assert harness.stdout_path.read_text().split() == [AGENT_WORKSPACE, name, name, str(os.getuid())]
-    assert "who" not in os.listdir(AGENT_WORKSPACE)   # the mounts stayed in their namespaces
+        assert harness.stdout_path.read_text().split() == [AGENT_WORKSPACE, name, name, name, str(os.getuid())]
+    assert "who" not in os.listdir(AGENT_WORKSPACE) + os.listdir(AGENT_HOME)   # the mounts stayed in their namespaces
 
 
 @needs_mount_namespace
@@ -73,7 +77,7 @@ def test_without_unshare_the_command_runs_as_it_is(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))   # no unshare, no mount
     mount_namespace_available.cache_clear()
     try:
-        confined = confine([sys.executable, "-V"], tmp_path)
+        confined = confine([sys.executable, "-V"], tmp_path, tmp_path / "home")
         assert (confined.argv, confined.cwd, confined.method) == ([sys.executable, "-V"], tmp_path, NO_CONFINEMENT)
         assert confined.workspace == str(tmp_path)
     finally:
