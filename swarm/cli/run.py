@@ -34,6 +34,8 @@ def run(
 ) -> None:
     """Run a swarm: load the model once, prefill the shared prompt trunk once, and run every agent in one batched decode loop until each gives a final answer or hits a limit.
 
+    With `harness: claude-code` (or codex, opencode, aider, mini-swe-agent: harness_templates/), each agent is that CLI, run in its own copy of the workspace against swarm's engine served on a loopback port; their common first prompt is computed once and pinned, and the dashboard shows each agent's state, requests, cached tokens and KV.
+
     With `backend: {type: openai, base_url: ..., model: ...}` in the spec, the agents run on that OpenAI-compatible server instead (vLLM, SGLang, or `swarm serve`), every one sending the same system message and tools so the server's prefix cache hits; the dashboard shows the cached tokens and the server's /metrics.
 
     Each run writes OUT/<spec>-<time>/: agent-<name>.jsonl (every message, tool call, tool result and token count, as it happens), workspaces/<name>/ (each agent's copy of the project) and summary.json (status, end reasons, turns, tokens, timings and KV memory figures).
