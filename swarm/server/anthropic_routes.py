@@ -25,11 +25,11 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine import AsyncEngine, RequestFailed
+from engine import AsyncEngine
 from swarm.server.anthropic_protocol import MessagesInput, MessagesRequest, anthropic_error_body
 from swarm.server.generation import ServeContext, answer, check_model, start_chat_job
 from swarm.server.protocol import ApiError
-from swarm.server.responses import ClientReply, Finished, Job, engine_deltas, note_finish
+from swarm.server.responses import ClientReply, Finished, Job, engine_deltas, note_finish, stream_with_errors
 
 log = logging.getLogger("swarm.serve")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -112,15 +112,13 @@ def _usage(job: Job, num_cached_tokens: int) -> dict:
 
 async def message_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The reply as server-sent events; a failure after the headers went out is an `error` event."""
-    try:
-        async with aclosing(_events(engine, job)) as events:
-            async for event in events:
-                yield event
-    except RequestFailed as err:
-        yield _sse("error", anthropic_error_body(500 if err.internal else 400, str(err)))
-    except Exception as err:
-        log.exception("stream %s failed", job.request_id)
-        yield _sse("error", anthropic_error_body(500, f"internal error: {type(err).__name__}: {err}"))
+    async with aclosing(stream_with_errors(_events(engine, job), job, _error_events)) as events:
+        async for event in events:
+            yield event
+
+
+def _error_events(status: int, message: str) -> list[str]:
+    return [_sse("error", anthropic_error_body(status, message))]
 
 
 async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:

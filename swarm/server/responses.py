@@ -98,18 +98,31 @@ async def generate_all(engine: AsyncEngine, job: Job, request: Request) -> dict:
 
 async def generate_events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
     """The response as server-sent events; a failure after the headers went out is an error event."""
+    async with aclosing(stream_with_errors(_events(engine, job), job, _error_events)) as events:
+        async for event in events:
+            yield event
+
+
+async def stream_with_errors(events: AsyncIterator[str], job: Job,
+                             error_events: Callable[[int, str], list[str]]) -> AsyncIterator[str]:
+    """`events`; if they fail once the headers went out, the API's own error events (`error_events(status,
+    message)`, status 400 for the request's fault, 500 for ours) end the stream instead of a dropped connection."""
     try:
-        async with aclosing(_events(engine, job)) as events:
-            async for event in events:
+        async with aclosing(events) as inner:
+            async for event in inner:
                 yield event
     except RequestFailed as err:
-        kind = "server_error" if err.internal else "invalid_request_error"
-        yield _sse(error_body(str(err), kind, code=500 if err.internal else 400))
-        yield DONE
+        for event in error_events(500 if err.internal else 400, str(err)):
+            yield event
     except Exception as err:
         log.exception("stream %s failed", job.request_id)
-        yield _sse(error_body(f"internal error: {type(err).__name__}: {err}", "server_error", code=500))
-        yield DONE
+        for event in error_events(500, f"internal error: {type(err).__name__}: {err}"):
+            yield event
+
+
+def _error_events(status: int, message: str) -> list[str]:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return [_sse(error_body(message, kind, code=status)), DONE]
 
 
 async def _events(engine: AsyncEngine, job: Job) -> AsyncIterator[str]:
