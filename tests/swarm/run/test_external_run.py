@@ -1,6 +1,7 @@
 """`swarm run` with an external harness, end to end as a user runs it: the fake harness CLI
 (tests/helpers/fake_harness.py) as the agents, on the tiny model served in the run's own process."""
 import json
+import os
 import signal
 
 import pytest
@@ -56,18 +57,22 @@ def test_each_agent_runs_its_cli_and_the_second_starts_on_the_firsts_cached_trun
         assert f"{agent['name']} request {agent['requests']} answered" in err
 
 
-def test_sigterm_stops_every_cli_process_tree_and_the_summary_says_interrupted(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_signal_stops_every_cli_process_tree_and_the_summary_says_interrupted(tmp_path, stop_signal):
     spec, runs = write_external_spec(tmp_path, agents=2, extra=", --spawn-child")
-    process = swarm("run", spec)
+    process = swarm("run", spec, start_new_session=True)
     assert wait_for(lambda: runs.exists() and any(runs.iterdir()))
     stdout_log = lambda: only_run(runs) / "agent-agent-1.stdout.log"   # noqa: E731
     # the model loads and the CLI starts first: a busy machine may take a while, so the guard is long
     assert wait_for(lambda: stdout_log().exists() and stdout_log().read_text().strip(), guard=HANG_GUARD * 4)
     pids = [int(word) for word in stdout_log().read_text().split()]
     assert len(pids) == 4 and all(map(is_running, pids))
-    process.send_signal(signal.SIGTERM)
+    if stop_signal == signal.SIGINT:   # as a terminal's Ctrl-C: to the run's whole process group
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
     process.communicate(timeout=HANG_GUARD)
-    assert process.returncode == 143
+    assert process.returncode == 128 + stop_signal
     assert not any(map(is_running, pids))
     summary = json.loads((only_run(runs) / "summary.json").read_text())
     assert summary["status"] == "interrupted"
