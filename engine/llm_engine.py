@@ -58,10 +58,10 @@ class LLMEngine:
         num_blocks = self.kv_sizing.num_blocks
         # one block past the pool's: the scratch block padded rows of a decode graph write (engine.decode_graphs)
         kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.dtype, self.device)
-        # a hybrid's linear layers keep a state per sequence (and share no prefix yet: engine.kv.block_manager)
+        # a hybrid's linear layers keep a state per sequence, and snapshots of it where prompts end
         self.states = StatePool.for_config(self.config, self.dtype, self.device) if self.config.is_hybrid else None
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching,
-                                   self.states)
+                                   self.states, max_snapshots=options.max_num_seqs)
         self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens,
                                    options.mixed_step_tokens)
         graphs = None if self.states is not None else decode_graphs.engine_settings(
@@ -133,6 +133,7 @@ class LLMEngine:
             if seq.num_uncomputed_tokens:   # a prompt chunk with more to come
                 continue
             if not batch.is_decode_row(row):
+                self.blocks.snapshot_state(seq)
                 self.scheduler.prompt_done(seq)
                 result.prefilled.append(seq)
                 if seq.prefill_only:

@@ -25,7 +25,6 @@ import bisect
 from dataclasses import dataclass, field
 
 from engine.kv.block_manager import BlockCopy, BlockManager
-from engine.kv.block_pool import common_prefix
 from engine.sequence import Sequence, SequenceStatus
 
 
@@ -133,14 +132,15 @@ class Scheduler:
 
     def _next_admissible(self, batch: ScheduledBatch) -> Sequence | None:
         """The first waiting request that would not gain a block or more of cache hits by
-        waiting for a prompt being computed now (so a shared trunk is computed once). Without
-        prefix caching (off, or a hybrid model: engine.kv.block_manager) nobody waits for hits."""
+        waiting for a prompt being computed now (so a shared trunk is computed once; on a hybrid
+        model, only a prompt that its own starts with: engine.kv.block_manager). Without prefix
+        caching nobody waits for hits."""
         in_flight = self.prefilling + batch.seqs
         for seq in self.waiting:
             if seq.block_table or not self.blocks.enable_prefix_caching:
                 return seq
             _, cached = self.blocks.match_prefix(seq.token_ids)
-            gain = max((common_prefix(seq.token_ids, other.token_ids) for other in in_flight), default=0)
+            gain = max((self.blocks.prefix_gain(seq.token_ids, other.token_ids) for other in in_flight), default=0)
             if gain - cached < self.blocks.block_size:
                 return seq
         return None

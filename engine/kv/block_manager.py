@@ -11,15 +11,22 @@ The protocol the scheduler follows for every sequence:
 
 On a hybrid model (Qwen3.5) each sequence also holds a slot of linear-attention state (a StatePool's, from
 engine.linear_attention.state_pool), taken at admit() and given back at free() with its blocks. That state
-cannot be rewound to the end of a cached prefix, so until the trunk's state is snapshotted, such a model
-shares no prefix: match_prefix finds nothing, and nothing is recorded for it to find.
+cannot be rewound, so a cached prefix is only of use up to a position whose state was kept:
+
+    snapshot_state() at a prompt's end   keep a copy of the state there (engine.linear_attention.snapshot_pool)
+    match_prefix()                       stop at the deepest snapshot inside the matched blocks
+    admit()                              copy that snapshot into the sequence's fresh slot
+
+    cached:   [ b0 full ][ b1 full ][ b2: 3 of 4 ]      snapshots at 4 (end of b0) and 11 (inside b2)
+    prompt:   b0's tokens, b1's, b2's first 2, more      -> matched 4: b0 shared, the rest computed
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.kv.block_pool import ROOT_HASH, BlockPool
+from engine.kv.block_pool import ROOT_HASH, BlockPool, common_prefix
+from engine.linear_attention.snapshot_pool import SnapshotPool
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -32,21 +39,38 @@ class BlockCopy:
     dst: int
 
 
+@dataclass(slots=True)
+class PrefixMatch:
+    blocks: list[int]
+    tokens: int
+    snapshot_key: int | None = None   # a hybrid's: the state at `tokens`
+
+
 class BlockManager:
-    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True, states: "StatePool | None" = None):
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = True, states: "StatePool | None" = None,
+                 max_snapshots: int = 64):
         self.pool = pool
         self.block_size = pool.block_size
         self.states = states
-        self.enable_prefix_caching = enable_prefix_caching and states is None
+        self.enable_prefix_caching = enable_prefix_caching
+        self.snapshots = None
+        if states is not None and enable_prefix_caching:
+            self.snapshots = SnapshotPool(states.empty_like(), pool.is_pinned, max_snapshots)
+            pool.forget_listeners.append(self.snapshots.forget_block)
         self.lookup_tokens = 0
         self.hit_tokens = 0
 
     def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
-        """Cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute. Nothing on
-        a hybrid model (one with a StatePool): its linear layers' state at the prefix's end is not kept."""
+        """Cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute; on a hybrid
+        model (one with a StatePool), up to the deepest snapshot of its state in them."""
+        match = self._match(token_ids)
+        return match.blocks, match.tokens
+
+    def _match(self, token_ids: list[int]) -> PrefixMatch:
         if not self.enable_prefix_caching:
-            return [], 0
+            return PrefixMatch([], 0)
         blocks, matched, parent = [], 0, ROOT_HASH
+        deepest = PrefixMatch([], 0)
         limit = len(token_ids) - 1
         while matched < limit:
             chunk = token_ids[matched:min(matched + self.block_size, limit)]
@@ -54,11 +78,22 @@ class BlockManager:
             if block_id is None:
                 break
             blocks.append(block_id)
+            snapshot = self.snapshots.deepest(parent, chunk[:n]) if self.snapshots is not None else None
+            if snapshot is not None:
+                deepest = PrefixMatch(list(blocks), matched + snapshot.offset, snapshot.key)
             matched += n
             if n < self.block_size:
                 break
             parent = self.pool.block_hash(block_id)
-        return blocks, matched
+        return deepest if self.snapshots is not None else PrefixMatch(blocks, matched)
+
+    def prefix_gain(self, token_ids: list[int], other_ids: list[int]) -> int:
+        """Tokens of `token_ids` a match could skip once `other_ids` (a prompt being computed) is: their common
+        prefix; on a hybrid, all of `other_ids` or nothing, as its state is kept at its end only."""
+        common = common_prefix(token_ids, other_ids)
+        if self.snapshots is None:
+            return common
+        return common if common == len(other_ids) < len(token_ids) else 0
 
     def blocks_to_admit(self, seq: Sequence, num_new: int) -> int:
         """Free blocks taken by admitting `seq` and writing up to `num_new` tokens after its cached prefix."""
@@ -69,16 +104,18 @@ class BlockManager:
 
     def admit(self, seq: Sequence) -> None:
         assert not seq.block_table
-        blocks, matched = self.match_prefix(seq.token_ids)
-        for block_id in blocks:
+        match = self._match(seq.token_ids)
+        for block_id in match.blocks:
             self.pool.acquire(block_id)
-        seq.block_table = blocks
-        seq.num_computed_tokens = matched
-        seq.num_cached_tokens = matched
+        seq.block_table = match.blocks
+        seq.num_computed_tokens = match.tokens
+        seq.num_cached_tokens = match.tokens
         if self.states is not None:
             self.states.allocate(seq.seq_id)
+            if match.snapshot_key is not None:
+                self.snapshots.restore(match.snapshot_key, self.states, seq.seq_id)
         self.lookup_tokens += len(seq.token_ids)
-        self.hit_tokens += matched
+        self.hit_tokens += match.tokens
 
     def blocks_to_write(self, seq: Sequence, num_new: int) -> int:
         return self._blocks_for(len(seq.block_table), seq.num_computed_tokens, num_new,
@@ -112,6 +149,16 @@ class BlockManager:
             tokens = seq.token_ids[index * size:min((index + 1) * size, seq.num_computed_tokens)]
             self.pool.record_tokens(seq.block_table[index], parent, tokens)
 
+    def snapshot_state(self, seq: Sequence) -> None:
+        """On a hybrid, keep a copy of `seq`'s state where its computed tokens end (its prompt's end), keyed
+        by their content hash, so a prompt starting with them starts there."""
+        if self.snapshots is None or not seq.num_computed_tokens:
+            return
+        end, size = seq.num_computed_tokens, self.block_size
+        index = (end - 1) // size
+        parent = ROOT_HASH if index == 0 else self.pool.block_hash(seq.block_table[index - 1])
+        self.snapshots.take(parent, seq.token_ids[index * size:end], seq.block_table[index], self.states, seq.seq_id)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every block of `parent`, the partly filled last block included."""
         assert not child.block_table
@@ -143,11 +190,12 @@ class BlockManager:
 
     def pin_cached_prefix(self, token_ids: list[int]) -> list[int]:
         """Pins the cached full blocks that hold a prefix of `token_ids`, computing nothing: a trunk
-        another request already computed stays findable however full the pool gets. Returns them."""
+        another request already computed stays findable however full the pool gets. Returns them. On a
+        hybrid, up to the deepest snapshot, the block that holds it included (the snapshot stays with it)."""
         if not self.enable_prefix_caching:
             return []
         blocks, matched = self.match_prefix([*token_ids, -1])   # -1: no token, so all of token_ids may match
-        full = blocks[:matched // self.block_size]
+        full = blocks if self.snapshots is not None else blocks[:matched // self.block_size]
         for block_id in full:
             self.pool.acquire(block_id)   # revives a cached free block
             self.pool.pin(block_id)

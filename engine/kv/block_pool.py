@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 ROOT_HASH = 0
 
@@ -45,6 +46,7 @@ class BlockPool:
         self.free_order: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.children: dict[int, dict[int, None]] = {}
         self.num_pinned = 0
+        self.forget_listeners: list[Callable[[int], None]] = []   # told the id of a block whose content goes
 
     @property
     def num_blocks(self) -> int:
@@ -150,6 +152,8 @@ class BlockPool:
             del siblings[block.block_id]
             if not siblings:
                 del self.children[block.parent_hash]
+            for listener in self.forget_listeners:
+                listener(block.block_id)
         block.parent_hash, block.hash, block.token_ids = None, None, []
 
 

@@ -1,7 +1,7 @@
 """How many blocks the KV pool gets, decided once at start, before the pool exists.
 
     GPU   pool = free memory after the weights - the profile step's peak - RUNTIME_RESERVE_BYTES
-               capped by kv_budget
+                 - a hybrid's linear state (its sequences' slots and snapshots), capped by kv_budget
     CPU   pool = kv_budget, else DEFAULT_CPU_KV_TOKENS (at most 8 model contexts)
     both  never fewer tokens than the caller's KVFloor (its trunk and one agent's context after it):
           KVPoolTooSmall otherwise, saying what fits
@@ -23,7 +23,7 @@ import torch
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache, blocks_for_budget
 from engine.kv.device_memory import DeviceMemory
-from engine.linear_attention.state_pool import StatePool
+from engine.linear_attention.state_pool import StatePool, state_bytes_per_sequence
 from engine.loading.config import ModelConfig, kv_bytes_per_token
 from engine.model import CausalLM
 from engine.model_runner import ModelRunner
@@ -79,12 +79,19 @@ def size_kv_pool(net: CausalLM, config: ModelConfig, options: EngineOptions, dty
     else:
         peak = profile_peak(net, config, options, dtype, device, memory)
         free = memory.free_bytes()
-        fits = max(0, (free - peak - RUNTIME_RESERVE_BYTES) // block_bytes)
+        reserve = RUNTIME_RESERVE_BYTES + state_reserve_bytes(config, options, dtype)
+        fits = max(0, (free - peak - reserve) // block_bytes)
         limited_by = "kv_budget" if budget is not None and budget < fits else "memory"
         sizing = KVSizing(min(fits, budget or fits), options.block_size, block_bytes, limited_by,
-                          free, peak, RUNTIME_RESERVE_BYTES)
+                          free, peak, reserve)
     check_floor(sizing, options.kv_floor)
     return sizing
+
+
+def state_reserve_bytes(config: ModelConfig, options: EngineOptions, dtype: torch.dtype) -> int:
+    """A hybrid's linear state beside its KV: a slot for each of max_num_seqs sequences, and as many snapshots
+    (the unpinned ones the block manager keeps, engine.linear_attention.snapshot_pool). 0 for other models."""
+    return 2 * options.max_num_seqs * state_bytes_per_sequence(config, dtype.itemsize)
 
 
 def check_floor(sizing: KVSizing, floor: KVFloor | None) -> None:

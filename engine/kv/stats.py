@@ -20,6 +20,19 @@ class RequestKV:
 
 
 @dataclass(slots=True)
+class StateStats:
+    """A hybrid model's linear-attention state beside its KV (all zero on other models): a slot per live
+    sequence, and the snapshots kept where prompts ended, shared by every request that starts from one."""
+
+    bytes_per_slot: int = 0
+    slots_in_use: int = 0
+    slot_bytes_in_use: int = 0
+    snapshots_held: int = 0
+    snapshots_pinned: int = 0
+    snapshot_bytes: int = 0
+
+
+@dataclass(slots=True)
 class KVStats:
     block_size: int
     block_bytes: int
@@ -36,15 +49,17 @@ class KVStats:
     prefix_hit_tokens: int
     tokens_computed: int
     requests: list[RequestKV] = field(default_factory=list)
+    states: StateStats = field(default_factory=StateStats)
 
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_lookup_tokens if self.prefix_lookup_tokens else 0.0
 
     def to_dict(self) -> dict:
-        data = {name: getattr(self, name) for name in self.__slots__ if name != "requests"}
+        data = {name: getattr(self, name) for name in self.__slots__ if name not in ("requests", "states")}
         data["prefix_hit_rate"] = self.prefix_hit_rate
         data["requests"] = [{n: getattr(r, n) for n in r.__slots__} for r in self.requests]
+        data["states"] = {n: getattr(self.states, n) for n in self.states.__slots__}
         return data
 
 
@@ -70,7 +85,20 @@ def collect_stats(manager: BlockManager, seqs: list[Sequence], block_bytes: int,
         prefix_hit_tokens=manager.hit_tokens,
         tokens_computed=tokens_computed,
         requests=[request_kv(manager, seq, block_bytes) for seq in seqs if seq.block_table],
+        states=state_stats(manager),
     )
+
+
+def state_stats(manager: BlockManager) -> StateStats:
+    states, snapshots = manager.states, manager.snapshots
+    if states is None:
+        return StateStats()
+    stats = StateStats(bytes_per_slot=states.bytes_per_slot, slots_in_use=states.slots_in_use,
+                       slot_bytes_in_use=states.bytes_in_use)
+    if snapshots is not None:
+        stats.snapshots_held, stats.snapshots_pinned = snapshots.num_held, snapshots.num_pinned
+        stats.snapshot_bytes = snapshots.bytes_held
+    return stats
 
 
 def request_kv(manager: BlockManager, seq: Sequence, block_bytes: int) -> RequestKV:

@@ -6,9 +6,9 @@ conv and recurrent state of each Gated DeltaNet layer.
 
 A sequence takes a slot (zeros: the state before its first token) when its KV is admitted, and gives it back
 when its KV is freed (finished, preempted, evicted while paused): engine.kv.block_manager calls both, so a
-slot lives exactly as long as the blocks whose tokens it summarises. A preempted sequence recomputes from its
-first token into a fresh slot. The state cannot be rewound, so a sequence never starts from another's cached
-blocks (block_manager turns prefix matching off while it holds a StatePool). The pool grows by doubling.
+slot lives exactly as long as the blocks whose tokens it summarises. The state cannot be rewound, so a sequence
+that starts from cached blocks (another's prefix, or its own after preemption) starts from a snapshot of the state
+where they end (engine.linear_attention.snapshot_pool), copied into its fresh slot. The pool grows by doubling.
 """
 from __future__ import annotations
 
@@ -83,11 +83,17 @@ class StatePool:
         if slot is not None:
             self.free_slots.append(slot)
 
-    def copy(self, src_seq_id: int, dst_seq_id: int) -> None:
-        """`dst_seq_id` (holding a slot) continues from the state of `src_seq_id`."""
-        src, dst = self.slot_of[src_seq_id], self.slot_of[dst_seq_id]
-        self.conv[:, dst] = self.conv[:, src]
-        self.recurrent[:, dst] = self.recurrent[:, src]
+    def copy(self, src_seq_id: int, dst_seq_id: int, source: "StatePool | None" = None) -> None:
+        """`dst_seq_id` (holding a slot) continues from the state of `src_seq_id` (in `source`, this pool if None)."""
+        source = self if source is None else source
+        src, dst = source.slot_of[src_seq_id], self.slot_of[dst_seq_id]
+        self.conv[:, dst] = source.conv[:, src]
+        self.recurrent[:, dst] = source.recurrent[:, src]
+
+    def empty_like(self) -> "StatePool":
+        """A pool of slots of the same shapes, none taken: the snapshots' (engine.linear_attention.snapshot_pool)."""
+        return StatePool(self.conv.shape[0], tuple(self.conv.shape[2:]), tuple(self.recurrent.shape[2:]),
+                         self.conv.dtype, self.conv.device)
 
     def for_step(self, seq_ids: list[int]) -> "StepStates":
         return StepStates(self, [self.slot_of[seq_id] for seq_id in seq_ids])

@@ -1,6 +1,7 @@
 """Qwen3.5's hybrid model in the engine, on tiny random models built by transformers (the logits against
 transformers are in test_model.py, over every variant): the KV pool holds only the full-attention layers, and
-the greedy tokens do not depend on batching, on how a prompt is cut into chunks, or on preemption."""
+the greedy tokens do not depend on batching, on how a prompt is cut into chunks, or on preemption (prefix
+sharing, from snapshots of the linear state: test_hybrid_prefix_sharing.py)."""
 import random
 
 import torch
@@ -93,17 +94,6 @@ def test_under_preemption_the_greedy_tokens_stay_the_same(tiny_model_dir):
     assert tight.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outputs] == [o.token_ids for o in roomy]
     assert tight.engine.states.slots_in_use == 0 and tight.kv_stats().blocks_in_use == 0
-
-
-def test_a_hybrid_model_shares_no_prefix_yet(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir("qwen3_5")), dtype="float32", kv_budget_tokens=1024)
-    trunk = prompts_of([48], seed=4)[0]
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    first = llm.generate([trunk + [5, 6]], params)[0]
-    again = llm.generate([trunk + [7, 8]], params)[0]
-    assert first.num_cached_tokens == again.num_cached_tokens == 0
-    assert llm.engine.blocks.match_prefix(trunk + [5, 6]) == ([], 0)
-    assert llm.engine.max_request_tokens(trunk) == llm.engine.kv_capacity_tokens
 
 
 def test_the_state_pool_grows_past_its_first_slots_and_gives_them_back(tiny_model_dir):

@@ -199,5 +199,8 @@ def test_a_hybrid_model_is_profiled_with_its_states_and_its_blocks_hold_only_ful
     peak = profile_peak(hybrid.runner.model, hybrid.config, options, hybrid.dtype, hybrid.device, HostAllocations())
     per_block = block_bytes(hybrid)
     assert per_block == BLOCK * hybrid.config.kv_bytes_per_token("float32") == BLOCK * 2 * 1 * 2 * 16 * 4
-    sizing = size(hybrid, options, Card(RUNTIME_RESERVE_BYTES + peak + 5 * per_block))
+    # kept apart from the pool: a state slot for each of max_num_seqs sequences, and as many snapshots
+    states = 2 * options.max_num_seqs * hybrid.states.bytes_per_slot
+    sizing = size(hybrid, options, Card(RUNTIME_RESERVE_BYTES + states + peak + 5 * per_block))
     assert sizing.block_bytes == per_block and sizing.num_blocks == 5
+    assert sizing.reserve_bytes == RUNTIME_RESERVE_BYTES + states

@@ -68,13 +68,13 @@ def test_a_step_reads_and_writes_its_sequences_slots_in_the_steps_order():
 def test_the_block_manager_takes_a_slot_at_admit_and_gives_it_back_with_the_blocks():
     pool = tiny_pool()
     blocks = BlockManager(BlockPool(8, 4), enable_prefix_caching=True, states=pool)
-    assert not blocks.enable_prefix_caching
+    assert blocks.snapshots is not None and blocks.snapshots.storage.conv.shape[2:] == pool.conv.shape[2:]
     seq = Sequence(list(range(10)), SamplingParams(max_tokens=1))
     blocks.admit(seq)
     blocks.prepare_write(seq, 10)
     blocks.commit_written(seq, 10)
     assert pool.slot_of.keys() == {seq.seq_id}
-    assert blocks.match_prefix(list(range(10))) == ([], 0)
+    assert blocks.match_prefix(list(range(10)) + [5]) == ([], 0)   # its blocks, but no snapshot of its state
     child = Sequence(list(range(10)), SamplingParams(max_tokens=1))
     pool.for_step([seq.seq_id]).write(0, [filled(pool, 0, 0, 3.0)])
     blocks.fork(seq, child)

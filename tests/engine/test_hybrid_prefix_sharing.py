@@ -1,0 +1,123 @@
+"""Prefix sharing on Qwen3.5 hybrids (tiny random models, float32): a trunk prefilled and pinned as `swarm run`
+does is computed once, its linear state snapshotted once and copied into each request that starts with it, and
+the greedy tokens are those of sharing off, of each request alone, and of a pool too small to hold them all."""
+import random
+
+from engine import LLM, SamplingParams
+
+BLOCK = 16
+TRUNK = 45   # ends inside its third block
+
+
+def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, 300) for _ in range(length)] for length in lengths]
+
+
+def trunk_and_prompts(num: int = 8) -> tuple[list[int], list[list[int]]]:
+    trunk = prompts_of([TRUNK], seed=10)[0]
+    return trunk, [trunk + suffix for suffix in prompts_of([3 + 2 * i for i in range(num)], seed=11)]
+
+
+def pin_trunk(llm: LLM, trunk: list[int]) -> list[int]:
+    """What `swarm serve` does at start: prefill the trunk alone, pin its blocks, let the request go."""
+    engine = llm.engine
+    seq = engine.add_request(trunk, SamplingParams(max_tokens=1), prefill_only=True)
+    while seq.finish_reason is None:
+        engine.step()
+    blocks = engine.pin(seq)
+    engine.release(seq)
+    return blocks
+
+
+def test_requests_on_a_pinned_trunk_give_the_tokens_of_sharing_off_of_each_alone_and_under_preemption(
+        tiny_model_dir):
+    folder = str(tiny_model_dir("qwen3_5"))
+    trunk, prompts = trunk_and_prompts()
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    shared = LLM(folder, dtype="float32", kv_budget_tokens=4096)
+    pin_trunk(shared, trunk)
+    together = [o.token_ids for o in shared.generate(prompts, params)]
+    snapshots = shared.engine.blocks.snapshots
+    assert shared.engine.prompt_tokens_computed == TRUNK + sum(len(p) - TRUNK for p in prompts)
+    assert (snapshots.num_taken, snapshots.num_restored) == (1 + len(prompts), len(prompts))   # the trunk, each prompt
+
+    unshared = LLM(folder, dtype="float32", kv_budget_tokens=4096, enable_prefix_caching=False)
+    assert unshared.engine.blocks.snapshots is None
+    assert [o.token_ids for o in unshared.generate(prompts, params)] == together
+    assert [unshared.generate([p], params)[0].token_ids for p in prompts] == together
+
+    tight = LLM(folder, dtype="float32", kv_budget_tokens=12 * BLOCK)   # the trunk's 3 blocks and 9 more
+    pin_trunk(tight, trunk)
+    outputs = tight.generate(prompts, params)
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outputs] == together
+    assert all(o.num_cached_tokens >= TRUNK for o in outputs)
+    # a preempted request re-admitted starts from a snapshot too (the trunk's or its own prompt's end)
+    assert tight.engine.blocks.snapshots.num_restored > len(prompts)
+    assert tight.engine.states.slots_in_use == 0 and tight.kv_stats().blocks_in_use == 3
+
+
+def test_a_prompt_longer_than_a_prefill_chunk_on_a_shared_trunk_gives_the_tokens_of_one_chunk(tiny_model_dir):
+    folder = str(tiny_model_dir("qwen3_5-odd-tied"))
+    trunk = prompts_of([TRUNK], seed=12)[0]
+    prompt = trunk + prompts_of([70], seed=13)[0]   # past the trunk, 6 chunks of 13 tokens, none on a block's edge
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    one_chunk = LLM(folder, dtype="float32", kv_budget_tokens=1024, enable_prefix_caching=False)
+    whole = one_chunk.generate([prompt], params)[0].token_ids
+    chunked = LLM(folder, dtype="float32", kv_budget_tokens=1024, max_num_batched_tokens=13)
+    pin_trunk(chunked, trunk)
+    before = chunked.engine.prompt_tokens_computed
+    first = chunked.generate([prompt], params)[0]
+    assert first.num_cached_tokens == TRUNK and chunked.engine.prompt_tokens_computed - before == len(prompt) - TRUNK
+    assert first.token_ids == whole
+    longer = prompt + first.token_ids[:3]
+    again = chunked.generate([longer], params)[0]   # from the snapshot at the first prompt's end
+    assert again.num_cached_tokens == len(prompt)
+    assert again.token_ids == one_chunk.generate([longer], params)[0].token_ids
+
+
+def test_the_state_figures_of_kv_stats_add_up(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("qwen3_5")), dtype="float32", kv_budget_tokens=2048)
+    engine = llm.engine
+    trunk, prompts = trunk_and_prompts(num=3)
+    blocks = pin_trunk(llm, trunk)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in prompts]
+    readings = []
+    while engine.has_work():
+        engine.step()
+        stats = engine.kv_stats()
+        readings.append(stats)
+        states = stats.states
+        assert states.bytes_per_slot == engine.states.bytes_per_slot > 0
+        assert states.slots_in_use == sum(1 for s in seqs if s.block_table)
+        assert states.slot_bytes_in_use == states.slots_in_use * states.bytes_per_slot
+        assert states.snapshots_held == engine.blocks.snapshots.storage.slots_in_use
+        assert states.snapshot_bytes == states.snapshots_held * states.bytes_per_slot
+        # the trunk's; and that of the prompt that went on writing in the trunk's last block (pinned too)
+        assert states.snapshots_pinned in (1, 2)
+        assert stats.blocks_free + stats.blocks_in_use == stats.blocks_total
+        assert stats.used_bytes == stats.blocks_in_use * stats.block_bytes
+    last = readings[-1]
+    assert last.states.slots_in_use == 0 and last.states.snapshots_held == 1 + len(prompts)
+    assert last.to_dict()["states"]["snapshot_bytes"] == (1 + len(prompts)) * engine.states.bytes_per_slot
+    assert last.blocks_pinned == len(blocks)
+    plain = LLM(str(tiny_model_dir("llama")), dtype="float32", kv_budget_tokens=256).kv_stats().states
+    assert (plain.bytes_per_slot, plain.slots_in_use, plain.snapshots_held, plain.snapshot_bytes) == (0, 0, 0, 0)
+
+
+def test_requests_added_beside_their_trunk_wait_for_its_snapshot_and_others_do_not_wait(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir("qwen3_5")), dtype="float32", kv_budget_tokens=4096).engine
+    trunk, prompts = trunk_and_prompts(num=4)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    engine.add_request(trunk, SamplingParams(max_tokens=1), prefill_only=True)
+    on_trunk = [engine.add_request(p, params) for p in prompts]
+    # shares the trunk's first 40 tokens, not the whole trunk: its state there is not kept, so waiting gains nothing
+    apart = engine.add_request(trunk[:40] + prompts_of([8], seed=14)[0], params)
+    first = engine.step()
+    assert [seq.seq_id for seq in engine.scheduler.waiting] == [seq.seq_id for seq in on_trunk]
+    assert first.prompt_tokens == TRUNK + apart.num_prompt_tokens
+    while engine.has_work():
+        engine.step()
+    assert [seq.num_cached_tokens for seq in on_trunk] == [TRUNK] * len(prompts)
+    assert engine.prompt_tokens_computed == TRUNK + apart.num_prompt_tokens + sum(len(p) - TRUNK for p in prompts)
