@@ -33,6 +33,11 @@ SCALAR_FORMATS = {GGUFValueType[name]: fmt for name, fmt in [
     ("UINT8", "B"), ("INT8", "b"), ("UINT16", "H"), ("INT16", "h"), ("UINT32", "I"), ("INT32", "i"),
     ("FLOAT32", "f"), ("BOOL", "?"), ("UINT64", "Q"), ("INT64", "q"), ("FLOAT64", "d")]}
 
+# general.architecture -> the Hugging Face model_type it is (llama.cpp names Qwen3.5's text model "qwen35")
+GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                    "qwen35": "qwen3_5_text"}
+HYBRID_ARCHITECTURES = ("qwen35",)
+
 ROPE_FACTORS = "rope_freqs.weight"
 LLAMA3_DEFAULTS = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 8192}
@@ -61,9 +66,9 @@ class GGUFHeader:
         arch = self.metadata.get("general.architecture")
         if arch is None:
             raise ModelLoadError(f"{self.path}: metadata has no general.architecture; the GGUF file is incomplete")
-        if arch not in MODEL_TYPES:
+        if arch not in GGUF_MODEL_TYPES:
             raise UnsupportedArchitectureError(
-                f"{self.path}: architecture {arch!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+                f"{self.path}: architecture {arch!r} is not supported; supported: {', '.join(GGUF_MODEL_TYPES)}")
         return arch
 
     def arch_value(self, key: str, default=...):
@@ -111,16 +116,16 @@ class GGUFHeader:
 def read_gguf_config(path: str | Path) -> dict:
     """A Hugging Face config.json-style dict from the file's metadata, for `ModelConfig.from_dict`."""
     header = read_gguf_header(path)
-    family = header.family
+    model_type = GGUF_MODEL_TYPES[header.family]
     hidden, heads = header.arch_count("embedding_length"), header.arch_count("attention.head_count")
     tensors = header.tensors
     config = {
-        "architectures": [MODEL_TYPES[family]],
-        "model_type": family,
+        "architectures": [MODEL_TYPES[model_type]],
+        "model_type": model_type,
         "vocab_size": _vocab_size(header),
         "hidden_size": hidden,
         "intermediate_size": header.arch_count("feed_forward_length"),
-        "num_hidden_layers": header.arch_count("block_count"),
+        "num_hidden_layers": text_block_count(header),
         "num_attention_heads": heads,
         "num_key_value_heads": header.arch_count("attention.head_count_kv", heads),
         "head_dim": header.arch_count("attention.key_length", hidden // heads),
@@ -132,10 +137,43 @@ def read_gguf_config(path: str | Path) -> dict:
         "bos_token_id": header.metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": _one_or_list(end_token_ids(header.metadata)),
     }
+    if header.family in HYBRID_ARCHITECTURES:
+        return config | _linear_attention_fields(header, config["head_dim"])
     rope_scaling = _rope_scaling(header, config)
     if rope_scaling:
         config["rope_scaling"] = rope_scaling
     return config
+
+
+def _linear_attention_fields(header: GGUFHeader, head_dim: int) -> dict:
+    """Qwen3.5's Gated DeltaNet sizes under the ssm.* names convert_hf_to_gguf writes them with (state_size: the
+    key head dim, group_count: key heads, time_step_rank: value heads, inner_size: value heads x value head dim),
+    its layer pattern, and the rotated part of each head. Its rotary is llama.cpp's multi-section kind, which on
+    text (every section at the token's position) is the plain one over rope.dimension_count dims."""
+    value_heads = header.arch_count("ssm.time_step_rank")
+    inner = header.arch_count("ssm.inner_size")
+    if inner % value_heads:
+        raise ModelLoadError(f"{header.path}: metadata ssm.inner_size {inner} is not a multiple of "
+                             f"ssm.time_step_rank {value_heads}; the GGUF file is corrupt")
+    return {
+        "full_attention_interval": header.arch_count("full_attention_interval", 4),
+        "partial_rotary_factor": header.arch_count("rope.dimension_count", head_dim) / head_dim,
+        "linear_conv_kernel_dim": header.arch_count("ssm.conv_kernel"),
+        "linear_key_head_dim": header.arch_count("ssm.state_size"),
+        "linear_num_key_heads": header.arch_count("ssm.group_count"),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": inner // value_heads,
+    }
+
+
+def text_block_count(header: GGUFHeader) -> int:
+    """block_count less the multi-token-prediction layers convert_hf_to_gguf appends to a Qwen3.5 file after the
+    model's own (nextn_predict_layers), which the engine does not run."""
+    layers = header.arch_count("block_count") - header.arch_value("nextn_predict_layers", 0)
+    if layers <= 0:
+        raise ModelLoadError(f"{header.path}: metadata nextn_predict_layers leaves no layer of block_count; "
+                             "the GGUF file is corrupt")
+    return layers
 
 
 def gguf_file_type(path: str | Path) -> str | None:

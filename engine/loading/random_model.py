@@ -18,6 +18,7 @@ import torch
 from tokenizers import Tokenizer as Backend
 from tokenizers import models
 
+from engine.hybrid_model import HybridCausalLM
 from engine.loading.config import ModelConfig
 from engine.loading.model_source import ModelSource
 from engine.loading.tokenizer import Tokenizer
@@ -27,6 +28,7 @@ from kernels.reference.quant_blocks import QuantizedTensor, block_layout
 if TYPE_CHECKING:
     from engine.loading.gguf_weights import KeepBlocks
 
+ZERO_CENTRED_NORMS = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
 SHAPES = {
     # Qwen/Qwen3-8B's config.json, the fields the engine reads
     "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
@@ -38,6 +40,13 @@ SHAPES = {
                        intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        max_position_embeddings=4096, tie_word_embeddings=False),
+    # Qwen/Qwen3.5-9B's text model (swarm/spec/model_configs/Qwen3.5-9B.json), the fields the engine reads
+    "qwen3.5-9b": dict(architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=4096,
+                       intermediate_size=12288, num_hidden_layers=32, full_attention_interval=4,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=256, partial_rotary_factor=0.25,
+                       linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+                       rope_theta=10000000.0, max_position_embeddings=262144, tie_word_embeddings=False),
 }
 
 
@@ -87,7 +96,7 @@ class RandomSource(ModelSource):
             if in_blocks:
                 yield name, random_blocks(self.block_format, *shape, generator)
             else:
-                yield name, _random_float(name, shape, generator)
+                yield name, _random_float(name, shape, generator, self.config.is_hybrid)
 
 
 def random_source(shape: str | dict, block_format: str | None = None, device: str = "cpu",
@@ -122,16 +131,19 @@ def _put_half(blocks: torch.Tensor, offset: int, values: torch.Tensor) -> None:
     blocks[:, :, offset:offset + 2] = values.half().view(torch.uint8)
 
 
-def _random_float(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+def _random_float(name: str, shape: tuple[int, ...], generator: torch.Generator, hybrid: bool = False) -> torch.Tensor:
+    """Norms scale by one (a hybrid's zero-centred ones, x·(1 + w), hold zeros for it), biases and a Gated
+    DeltaNet's A_log and dt_bias are zeros, matrices (and conv kernels) are about fan_in ** -0.5."""
     device = generator.device
-    if len(shape) == 1:     # norms scale by one, biases add nothing
-        return torch.ones(shape, device=device) if name.endswith("norm.weight") else torch.zeros(shape, device=device)
-    return torch.randn(shape, device=device, generator=generator) * shape[1] ** -0.5
+    if len(shape) == 1:
+        ones = name.endswith("norm.weight") and not (hybrid and name.endswith(ZERO_CENTRED_NORMS))
+        return torch.ones(shape, device=device) if ones else torch.zeros(shape, device=device)
+    return torch.randn(shape, device=device, generator=generator) * shape[-1] ** -0.5
 
 
 def _parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
-        net = CausalLM(config)
+        net = HybridCausalLM(config) if config.is_hybrid else CausalLM(config)
     shapes = {name: tuple(t.shape) for name, t in net.state_dict(keep_vars=True).items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)

@@ -10,6 +10,8 @@ value (gguf's GGML_QUANT_SIZES). For the file types here that rule is:
     output (lm_head)              Q6_K; Q8_0 in a Q8_0 file, or when a row is not whole blocks of the
                                   file's type. A tied embedding is quantized as the output is.
     attn_v, ffn_down              Q6_K in the layers `use_more_bits` picks, in Q4_K_M and Q5_K_M files
+    attn_qkv (Qwen3.5)            as attn_v: llama.cpp counts the two together, one a layer
+    ssm_conv1d (Qwen3.5)          F32 in every file type (convert_hf_to_gguf writes it so; the quantizer skips it)
     attn_v, 70B models            Q5_K where Q4_K_M gives Q4_K (llama.cpp's LLM_TYPE_70B rule)
     every other matrix            the file type's own format (Q4_K for Q4_K_M, Q5_K for Q5_K_M)
     a row not whole blocks        Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, else F16
@@ -80,13 +82,15 @@ def check_file_type(file_type: str) -> str:
 
 
 def architecture_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """The GGUF names and shapes [rows, cols] of a Llama/Mistral/Qwen2/Qwen3 model's tensors."""
+    """The GGUF names and shapes [rows, cols] of a Llama/Mistral/Qwen2/Qwen3/Qwen3.5 model's tensors."""
     hidden, vocab = config.hidden_size, config.vocab_size
     tensors = [("token_embd.weight", (vocab, hidden)), ("output_norm.weight", (hidden,))]
     if not config.tie_word_embeddings:
         tensors.append(("output.weight", (vocab, hidden)))
+    linear_layers = set(config.linear_layers)
     for layer in range(config.num_layers):
-        tensors += [(f"blk.{layer}.{part}", shape) for part, shape in _layer_tensors(config)]
+        parts = _linear_layer_tensors(config) if layer in linear_layers else _layer_tensors(config)
+        tensors += [(f"blk.{layer}.{part}", shape) for part, shape in parts]
     return tensors
 
 
@@ -101,17 +105,38 @@ def tensor_bytes(format: str, shape: tuple[int, ...]) -> int:
 
 
 def _layer_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    hidden, inner = config.hidden_size, config.intermediate_size
+    """A full-attention layer; a hybrid's q_proj also gives each head's output gate (twice the rows)."""
+    hidden = config.hidden_size
     q_width, kv_width = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    parts = [("attn_norm.weight", (hidden,)), ("attn_q.weight", (q_width, hidden)),
+    query_rows = 2 * q_width if config.is_hybrid else q_width
+    parts = [("attn_norm.weight", (hidden,)), ("attn_q.weight", (query_rows, hidden)),
              ("attn_k.weight", (kv_width, hidden)), ("attn_v.weight", (kv_width, hidden)),
              ("attn_output.weight", (hidden, q_width))]
     if config.attention_bias:
         parts += [("attn_q.bias", (q_width,)), ("attn_k.bias", (kv_width,)), ("attn_v.bias", (kv_width,))]
     if config.qk_norm:
         parts += [("attn_q_norm.weight", (config.head_dim,)), ("attn_k_norm.weight", (config.head_dim,))]
-    return parts + [("ffn_norm.weight", (hidden,)), ("ffn_gate.weight", (inner, hidden)),
-                    ("ffn_up.weight", (inner, hidden)), ("ffn_down.weight", (hidden, inner))]
+    return parts + _mlp_tensors(config)
+
+
+def _linear_layer_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """A Gated DeltaNet layer of Qwen3.5, under llama.cpp's qwen35 names."""
+    shape, hidden = config.linear_attention, config.hidden_size
+    assert shape is not None
+    heads, value_width = shape.linear_num_value_heads, shape.linear_num_value_heads * shape.linear_value_head_dim
+    return [("attn_norm.weight", (hidden,)), ("attn_qkv.weight", (shape.conv_dim, hidden)),
+            ("attn_gate.weight", (value_width, hidden)), ("ssm_conv1d.weight", (shape.conv_dim,
+                                                                                shape.linear_conv_kernel_dim)),
+            ("ssm_dt.bias", (heads,)), ("ssm_a", (heads,)), ("ssm_beta.weight", (heads, hidden)),
+            ("ssm_alpha.weight", (heads, hidden)), ("ssm_norm.weight", (shape.linear_value_head_dim,)),
+            ("ssm_out.weight", (hidden, value_width))] + _mlp_tensors(config)
+
+
+def _mlp_tensors(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    hidden, inner = config.hidden_size, config.intermediate_size
+    norm = "post_attention_norm.weight" if config.is_hybrid else "ffn_norm.weight"
+    return [(norm, (hidden,)), ("ffn_gate.weight", (inner, hidden)), ("ffn_up.weight", (inner, hidden)),
+            ("ffn_down.weight", (hidden, inner))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +148,14 @@ class _FileTypeRule:
 
     def format(self, name: str, shape: tuple[int, ...]) -> str:
         default = FILE_TYPE_FORMATS[self.file_type]
-        if len(shape) == 1 or default in FLOAT_FORMATS:
-            return "F32" if len(shape) == 1 else default
+        if len(shape) == 1 or name.endswith(".ssm_conv1d.weight"):
+            return "F32"
+        if default in FLOAT_FORMATS:
+            return default
         cols = shape[-1]
         if name == "output.weight" or (name == "token_embd.weight" and self.config.tie_word_embeddings):
             return _fitting(_output_format(default, cols), cols)
-        if name.endswith((".attn_v.weight", ".ffn_down.weight")):
+        if name.endswith((".attn_v.weight", ".attn_qkv.weight", ".ffn_down.weight")):
             return _fitting(self._layer_format(name, default), cols)
         return _fitting(default, cols)
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import DEFAULT_MODEL, ModelLoadError, SwarmError
-from swarm.cli.memory_view import memory_table_view
+from swarm.cli.memory_view import kv_shape_lines, memory_table_view
 from swarm.spec.kv_budget import format_bytes, parse_card_size, parse_kv_budget
 from swarm.spec.model_catalog import shipped_model_configs
 from swarm.trunk.memory_table import REFERENCE_TRUNKS
@@ -191,11 +191,11 @@ def _print_report(report: PrefixReport, console: Console) -> None:
     if report.card is not None:
         console.print(_card_line(report.card, report.memory.bytes_per_token))
     console.print(memory_table_view(report.memory))
-    shape, memory = report.kv_shape, report.memory
     mark = "* this swarm's trunk. " if report.spec is not None else ""
-    console.print(f"{mark}bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV heads"
-                  f" × {shape.head_dim} head dim × {shape.dtype_bytes} bytes ({memory.dtype})"
-                  f" = {memory.bytes_per_token:,} B, from {report.model_config}")
+    bytes_line, *state_line = kv_shape_lines(report.kv_shape, report.memory)
+    console.print(f"{mark}{bytes_line}, from {report.model_config}")
+    for line in state_line:
+        console.print(line)
 
 
 def _print_trunk(report: PrefixReport, console: Console) -> None:

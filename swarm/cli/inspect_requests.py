@@ -17,14 +17,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from engine import DTYPE_BYTES, OptionError, load_model_config, load_tokenizer
-from swarm.cli.memory_view import memory_table_view
+from engine import OptionError, load_model_config, load_tokenizer
+from swarm.cli.memory_view import kv_shape_lines, memory_table_view
 from swarm.server.canonicalize import canonicalize
 from swarm.server.captured_requests import SkippedRequest, read_requests, render, render_all
 from swarm.server.chat_prompt import ChatPrompter
 from swarm.spec.model_catalog import load_shipped_or_path
 from swarm.trunk.memory_table import MemoryTable, memory_table
-from swarm.trunk.report import KvShape, Sizing
+from swarm.trunk.report import KvShape, Sizing, kv_shape, state_bytes
 from swarm.trunk.request_prefix import RequestPrefix, request_prefix
 from swarm.trunk.volatile_patterns import Volatiles
 
@@ -87,8 +87,8 @@ def requests_report(paths: list[Path], model: str, sizing: Sizing) -> RequestsRe
     bytes_per_token = config.kv_bytes_per_token(dtype)
     budget = sizing.budget.to_bytes(bytes_per_token) if sizing.budget else None
     table = memory_table(bytes_per_token, sizing.agents or len(rendered), prefix.trunk_tokens, budget, dtype,
-                         sizing.references, sizing.private_tokens)
-    shape = KvShape(config.num_layers, config.num_kv_heads, config.head_dim, DTYPE_BYTES[dtype])
+                         sizing.references, sizing.private_tokens, state_bytes(config, dtype))
+    shape = kv_shape(config, dtype)
     return RequestsReport(model, prefix, skipped, request_prefix(tokenizer, canonical, volatiles), dict(moved),
                           shape, table)
 
@@ -116,10 +116,10 @@ def print_report(report: RequestsReport, console: Console) -> None:
     if report.moved_chars:
         _print_divergences(report.canonicalized, console)
     console.print(memory_table_view(report.memory))
-    shape = report.kv_shape
-    console.print(f"* these requests' trunk. bytes per token = 2 × {shape.layers} layers × {shape.kv_heads} KV "
-                  f"heads × {shape.head_dim} head dim × {shape.dtype_bytes} bytes ({report.memory.dtype}) = "
-                  f"{report.memory.bytes_per_token:,} B")
+    bytes_line, *state_line = kv_shape_lines(report.kv_shape, report.memory)
+    console.print(f"* these requests' trunk. {bytes_line}")
+    for line in state_line:
+        console.print(line)
 
 
 def _requests_table(prefix: RequestPrefix) -> Table:

@@ -21,6 +21,7 @@ from engine import (
     load_model_config,
     load_tokenizer,
     resolve_model,
+    state_bytes_per_sequence,
 )
 from swarm.spec.harness import load_harness
 from swarm.spec.kv_budget import KvBudget
@@ -53,9 +54,12 @@ class AgentBranch:
 @dataclass(slots=True)
 class KvShape:
     layers: int
+    """The layers that keep KV: all of them, but in a hybrid (Qwen3.5) its full-attention layers only."""
     kv_heads: int
     head_dim: int
     dtype_bytes: int
+    linear_layers: int = 0
+    """A hybrid's linear-attention layers: each keeps a state per sequence instead (MemoryTable's state_bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +153,10 @@ def inspect_prefix(spec_path: str | Path | None, sizing: Sizing = Sizing()) -> P
     trunk_tokens = len(rendered.prompts.trunk.token_ids) if rendered else None
     agents = sizing.agents or (len(spec.agents) if spec else DEFAULT_AGENTS)
     table = memory_table(bytes_per_token, agents, trunk_tokens, _budget_bytes(spec, sizing, card, bytes_per_token),
-                         dtype, sizing.references, sizing.private_tokens)
+                         dtype, sizing.references, sizing.private_tokens, state_bytes(config, dtype))
     return PrefixReport(
         **_spec_fields(rendered, spec_path), model_config=sizing.model_config or spec.model,
-        kv_shape=_kv_shape(config, dtype), memory=table, weights=weights, card=card)
+        kv_shape=kv_shape(config, dtype), memory=table, weights=weights, card=card)
 
 
 def _budget_bytes(spec: SwarmSpec | None, sizing: Sizing, card: CardBudget | None, bytes_per_token: int) -> int | None:
@@ -246,5 +250,11 @@ def _kv_dtype(spec: SwarmSpec | None, sizing: Sizing) -> str:
     return str(pick_dtype("auto", pick_device(spec.device))).removeprefix("torch.")
 
 
-def _kv_shape(config: ModelConfig, dtype: str) -> KvShape:
-    return KvShape(config.num_layers, config.num_kv_heads, config.head_dim, DTYPE_BYTES[dtype])
+def kv_shape(config: ModelConfig, dtype: str) -> KvShape:
+    return KvShape(config.num_kv_layers, config.num_kv_heads, config.head_dim, DTYPE_BYTES[dtype],
+                   len(config.linear_layers))
+
+
+def state_bytes(config: ModelConfig, dtype: str) -> int:
+    """A hybrid's linear-attention state per sequence, its conv state in `dtype` (0 for a model with KV only)."""
+    return state_bytes_per_sequence(config, DTYPE_BYTES[dtype])

@@ -66,3 +66,20 @@ def test_an_unknown_block_format_names_the_ones_it_makes():
     with pytest.raises(ValueError, match="no random blocks for 'Q2_K'; use one of Q8_0"):
         random_source(SHAPE, "Q2_K")
 
+
+
+def test_a_qwen35_shape_loads_as_the_hybrid_and_gives_transformers_greedy_tokens():
+    """The Gated DeltaNet's parameters too (conv1d kernels, A_log, dt_bias), and the zero-centred norms at zero."""
+    shape = dict(SHAPES["qwen3.5-9b"], vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                 linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    source = random_source(shape, seed=5)
+    weights = dict(source.weights())
+    assert torch.equal(weights["model.layers.0.input_layernorm.weight"], torch.zeros(128))
+    assert torch.equal(weights["model.layers.0.linear_attn.norm.weight"], torch.ones(16))
+    fields = {key: value for key, value in shape.items() if key != "architectures"}
+    reference = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**fields)).eval()
+    reference.load_state_dict(weights, strict=True)
+    ours = LLM(source, dtype="float32", kv_budget_tokens=256).generate([PROMPT], SamplingParams(max_tokens=8,
+                                                                                               ignore_eos=True))
+    assert ours[0].token_ids == reference_greedy(reference, PROMPT, 8)

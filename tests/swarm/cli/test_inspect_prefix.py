@@ -33,7 +33,7 @@ def test_json_sizes_the_articles_swarm_for_qwen3_8b(swarm_cli):
     assert report["schema_version"] == 1
     assert report["trunk"]["tokens"] == len(trunk.token_ids)
     assert report["trunk"]["sha256"] == trunk.sha256
-    assert report["kv_shape"] == {"layers": 36, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
+    assert report["kv_shape"] == {"layers": 36, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 2, "linear_layers": 0}
     memory = report["memory"]
     assert (memory["bytes_per_token"], memory["agents"], memory["budget_bytes"]) == (147_456, 8, 8_090_000_000)
     assert [r["trunk_tokens"] for r in memory["rows"]] == [len(trunk.token_ids), 2000, 3000, 4000, 6000]
@@ -113,6 +113,30 @@ def test_the_seeds_card_gives_the_weights_the_reserve_and_the_budget_without_a_s
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert rows == ["2,000", "3,000", "4,000", "6,000"]   # no trunk of this swarm: there is no spec
     assert "Agents" not in out and "* this swarm's trunk" not in out
+
+
+def test_qwen35_9b_prints_the_kv_of_its_full_attention_layers_and_each_agents_state(swarm_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = swarm_cli("inspect-prefix", "--model-config", "Qwen3.5-9B", "--budget", "8.09GB")
+    assert code == 0, err
+    assert ("bytes per token = 2 × 8 full-attention layers × 4 KV heads × 256 head dim × 2 bytes (float16) = "
+            "32,768 B, from Qwen3.5-9B") in out
+    assert ("linear-attention state = 51,511,296 B (49.1 MiB) per agent (24 Gated DeltaNet layers): 8 agents hold "
+            "412.09 MB, shared trunk or not; sharing adds the trunk's snapshot (in one copy)") in out
+    assert "KV memory: 8 agents, budget 8.09 GB = 246,887 tokens, + 51.51 MB state per agent" in out
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in out.splitlines() if line.startswith("│")}
+    # 4,000 tokens: one copy 131.07 MB of KV + the 51.51 MB snapshot; 8 copies 8 x 131.07 MB; freed the difference
+    assert rows["4,000"] == ["182.58 MB", "1.05 GB", "865.99 MB", "11%", "+3,303", "+0"]
+
+
+def test_qwen35_9b_json_has_the_kv_layers_and_the_state(swarm_cli):
+    code, out, _ = swarm_cli("inspect-prefix", "--json", "--model-config", "Qwen3.5-9B", "--weights", "q4_k_m")
+    assert code == 0
+    report = json.loads(out)
+    assert report["kv_shape"] == {"layers": 8, "kv_heads": 4, "head_dim": 256, "dtype_bytes": 2, "linear_layers": 24}
+    assert report["memory"]["bytes_per_token"] == 32_768 and report["memory"]["state_bytes_per_agent"] == 51_511_296
+    assert report["weights"]["label"] == "Q4_K_M" and 5.5e9 < report["weights"]["total_bytes"] < 5.8e9
 
 
 def test_the_json_adds_the_weights_by_format_and_the_card_and_keeps_every_key(swarm_cli):

@@ -69,6 +69,17 @@ def test_two_agents_diverge_where_their_cwd_starts(swarm_cli, model_dir, two_age
     assert first["other_after"] == second["after"]
 
 
+def test_a_hybrid_model_config_sizes_the_kv_of_its_full_attention_layers_and_the_state(swarm_cli, model_dir,
+                                                                                     two_agents):
+    folder, _ = two_agents
+    report = inspect_json(swarm_cli, model_dir, folder, "--model-config", "Qwen3.5-9B")
+    assert report["kv_shape"] == {"layers": 8, "kv_heads": 4, "head_dim": 256, "dtype_bytes": 2, "linear_layers": 24}
+    memory = report["memory"]
+    assert (memory["bytes_per_token"], memory["state_bytes_per_agent"]) == (32_768, 51_511_296)
+    trunk = memory["rows"][0]
+    assert trunk["one_copy_bytes"] == trunk["trunk_tokens"] * 32_768 + 51_511_296
+
+
 def test_json_schema_names_the_trunk_findings_memory_and_canonicalize(swarm_cli, model_dir, two_agents):
     folder, _ = two_agents
     report = inspect_json(swarm_cli, model_dir, folder, "--model-config", "Qwen3-8B", "--budget", "8.09GB")
@@ -85,7 +96,7 @@ def test_json_schema_names_the_trunk_findings_memory_and_canonicalize(swarm_cli,
     memory = report["memory"]
     assert (memory["agents"], memory["bytes_per_token"], memory["budget_bytes"]) == (2, 147_456, 8_090_000_000)
     assert memory["rows"][0]["trunk_tokens"] == report["trunk"]["tokens"]
-    assert report["kv_shape"] == {"layers": 36, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
+    assert report["kv_shape"] == {"layers": 36, "kv_heads": 8, "head_dim": 128, "dtype_bytes": 2, "linear_layers": 0}
     canonical = report["canonicalize"]
     assert set(canonical) == {"trunk", "requests", "findings", "moved_chars", "gained_tokens"}
     lines = [f"Working directory: {cwd}" for cwd in ("/srv/alpha", "/srv/beta")]

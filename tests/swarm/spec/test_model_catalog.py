@@ -9,6 +9,7 @@ EXPECTED = {  # layers, KV heads, head dim, bytes per fp16 KV token
     "Qwen3-0.6B": (28, 8, 128, 114_688),
     "Llama-3.1-8B-Instruct": (32, 8, 128, 131_072),
     "Qwen2.5-7B-Instruct": (28, 4, 128, 57_344),
+    "Qwen3.5-9B": (32, 4, 256, 32_768),   # KV in its 8 full-attention layers only
 }
 
 

@@ -79,3 +79,47 @@ def test_sharing_arithmetic(bytes_per_token, agents, trunk, budget):
 
 def test_format_bytes_matches_the_article_style():
     assert format_bytes(4_116_000_000) == "4.12 GB"
+
+
+# Qwen3.5-9B (issue 22): KV in its 8 full-attention layers only, 49.1 MiB of linear-attention state per sequence
+QWEN35_KV_PER_TOKEN = 2 * 8 * 4 * 256 * 2                      # K and V x 8 layers x 4 KV heads x 256 x fp16
+QWEN35_STATE = 24 * ((2 * 16 * 128 + 32 * 128) * 3 * 2         # conv: 8,192 channels x (kernel 4 - 1) x fp16
+                     + 32 * 128 * 128 * 4)                     # recurrent: 32 value heads x 128 x 128 x float32
+
+
+def test_qwen35_9b_config_gives_32_kib_per_token_and_49_mib_of_state():
+    from engine import state_bytes_per_sequence
+
+    config = load_shipped_or_path("Qwen3.5-9B")
+    assert config.kv_layers == [3, 7, 11, 15, 19, 23, 27, 31] and len(config.linear_layers) == 24
+    assert config.kv_bytes_per_token("bfloat16") == QWEN35_KV_PER_TOKEN == 32 * 1024
+    assert state_bytes_per_sequence(config, 2) == QWEN35_STATE == 51_511_296 == 1572 * QWEN35_KV_PER_TOKEN
+    assert QWEN35_STATE / 2**20 == pytest.approx(49.1, abs=0.05)
+
+
+def test_qwen35_9b_table_counts_the_trunks_snapshot_once_and_every_agents_state():
+    table = memory_table(QWEN35_KV_PER_TOKEN, agents=8, budget_bytes=BUDGET, state_bytes=QWEN35_STATE)
+    row = next(r for r in table.rows if r.trunk_tokens == 4000)
+    trunk_kv = 4000 * 32_768                                       # 131,072,000 B
+    assert row.one_copy_bytes == trunk_kv + 51_511_296 == 182_583_296
+    assert row.all_copies_bytes == 8 * trunk_kv == 1_048_576_000
+    assert row.freed_bytes == 7 * trunk_kv - 51_511_296 == 865_992_704
+    assert row.freed_tokens == 7 * 4000 - 1572 == 26_428
+    assert row.more_context_per_agent == 26_428 // 8 == 3_303
+    assert row.budget_share == pytest.approx(865_992_704 / 8.09e9)
+    # unshared, each agent's share of the budget less its state: (8.09 GB - 8 x 51.5 MB) / 32,768 B / 8 - 4,000
+    assert row.private_tokens_per_agent == (8_090_000_000 - 8 * 51_511_296) // 32_768 // 8 - 4000 == 25_288
+    assert row.more_agents == 865_992_704 // (25_288 * 32_768 + 51_511_296) == 0
+    assert table.agent_state_bytes == 8 * 51_511_296 and table.state_bytes_per_agent == QWEN35_STATE
+
+
+@given(st.integers(1, 10**6), st.integers(1, 64), st.integers(1, 200_000), st.integers(10**6, 10**11),
+       st.integers(0, 10**8))
+def test_sharing_arithmetic_with_a_state_per_agent(bytes_per_token, agents, trunk, budget, state):
+    row = memory_row("reference", trunk, bytes_per_token, agents, budget, state_bytes=state)
+    assert row.all_copies_bytes == agents * trunk * bytes_per_token
+    assert row.freed_bytes == row.all_copies_bytes - row.one_copy_bytes
+    assert row.freed_tokens == max(row.freed_bytes, 0) // bytes_per_token
+    assert row.more_context_per_agent * agents <= row.freed_tokens
+    without = memory_row("reference", trunk, bytes_per_token, agents, budget)
+    assert without.freed_bytes - row.freed_bytes == state    # the snapshot is what sharing costs a hybrid
