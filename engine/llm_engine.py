@@ -103,10 +103,6 @@ class LLMEngine:
     def unpin(self, block_ids: list[int]) -> None:
         self.blocks.unpin(block_ids)
 
-    def pin_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Pins the cached full blocks of a prefix of `token_ids` (no compute); `unpin` gives them back."""
-        return self.blocks.pin_cached_prefix(token_ids)
-
     def max_request_tokens(self, prompt_ids: list[int]) -> int:
         """The most tokens, prompt and output, one request starting with `prompt_ids` can hold in KV:
         every block no pin holds, plus the pinned blocks (a trunk) it shares whole. Other requests

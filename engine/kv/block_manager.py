@@ -188,20 +188,6 @@ class BlockManager:
         for block_id in block_ids:
             self.pool.unpin(block_id)
 
-    def pin_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Pins the cached full blocks that hold a prefix of `token_ids`, computing nothing: a trunk
-        another request already computed stays findable however full the pool gets. Returns them. On a
-        hybrid, up to the deepest snapshot, the block that holds it included (the snapshot stays with it)."""
-        if not self.enable_prefix_caching:
-            return []
-        blocks, matched = self.match_prefix([*token_ids, -1])   # -1: no token, so all of token_ids may match
-        full = blocks if self.snapshots is not None else blocks[:matched // self.block_size]
-        for block_id in full:
-            self.pool.acquire(block_id)   # revives a cached free block
-            self.pool.pin(block_id)
-            self.pool.release(block_id)
-        return full
-
     def _must_copy_last(self, seq: Sequence) -> bool:
         """Writing continues inside the last block: copy it if another sequence reads it, or
         if it is findable for more tokens than this sequence keeps (they must not change)."""

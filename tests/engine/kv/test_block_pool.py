@@ -145,28 +145,6 @@ def test_pinned_blocks_are_never_reused():
     assert pool.num_free == 2
 
 
-def test_pin_cached_prefix_pins_the_full_blocks_another_request_computed_and_revives_freed_ones():
-    pool = BlockPool(4, BLOCK)
-    manager = BlockManager(pool)
-    first = Sequence([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams())
-    manager.admit(first)
-    manager.prepare_write(first, 10)
-    manager.commit_written(first, 10)
-    computed = list(first.block_table)
-    manager.free(first)   # its blocks are cached, free to be reused
-    assert pool.num_free == 4
-    pinned = manager.pin_cached_prefix([1, 2, 3, 4, 5, 6, 7, 8, 9])   # two full blocks; the third is partial
-    assert pinned == computed[:2] and all(pool.is_pinned(b) and pool.ref_count(b) == 0 for b in pinned)
-    assert pool.num_free == 2
-    for _ in range(2):
-        assert pool.allocate() not in pinned   # the rest of the pool is reused; the trunk is not
-    again = Sequence([1, 2, 3, 4, 5, 6, 7, 8, 11], SamplingParams())
-    assert manager.match_prefix(again.token_ids) == (pinned, 8)
-    assert manager.pin_cached_prefix([9, 9, 9, 9]) == []   # nothing cached: nothing pinned, nothing computed
-    manager.unpin(pinned)
-    assert pool.num_free == 2
-
-
 def test_fork_shares_partial_block_and_first_write_copies_it():
     pool = BlockPool(6, BLOCK)
     manager = BlockManager(pool)

@@ -1,7 +1,7 @@
 """swarm/run/memory.py's `by_agent` on a real engine's KV rows, as an external harness run reads them: requests
-named by their agents, a pinned trunk no request holds, and figures that add up."""
+named by their agents, the trunk's own request pinned, and figures that add up."""
 from engine import SamplingParams
-from swarm.run.memory import MemorySnapshot, RunMemory, by_agent
+from swarm.run.memory import TRUNK_REQUEST_ID, MemorySnapshot, RunMemory, by_agent
 from tests.helpers.runs import tiny_model
 from tests.helpers.serving import start_engine
 
@@ -10,34 +10,35 @@ TRUNK = list(range(3, 3 + 40))   # two and a half blocks of 16
 
 def test_requests_named_by_their_agents_give_figures_that_add_up(tmp_path_factory):
     engine = start_engine(tiny_model(tmp_path_factory.getbasetemp()))
-    first = engine.add_request(TRUNK + [60], SamplingParams(max_tokens=1), request_id="req-0")
-    while first.finish_reason is None:
+    trunk = engine.add_request(TRUNK, SamplingParams(max_tokens=1), request_id=TRUNK_REQUEST_ID, prefill_only=True)
+    while trunk.finish_reason is None:
         engine.step()
-    engine.release(first)
-    pinned = engine.pin_cached_prefix(TRUNK)
+    pinned = engine.pin(trunk)   # as the runs do: the trunk's request keeps its blocks, pinned
     size = engine.blocks.block_size
-    assert len(pinned) == len(TRUNK) // size
+    assert len(pinned) == -(-len(TRUNK) // size)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     for request_id, own in (("req-1", [61, 62]), ("req-2", [63]), ("req-3", [64, 65, 66])):
         engine.add_request(TRUNK + own, params, request_id=request_id)
     engine.step()   # all three prefilled: each holds the pinned blocks and its own
     stats = engine.kv_stats()
     agent_of = {"req-1": "alpha", "req-2": "beta", "req-3": "alpha"}   # alpha has two requests in flight
-    named = by_agent(stats, agent_of)
-    assert sorted(row.request_id for row in named.requests) == ["alpha", "beta"]
+    named = by_agent(stats, {**agent_of, TRUNK_REQUEST_ID: TRUNK_REQUEST_ID})
+    assert sorted(row.request_id for row in named.requests) == [TRUNK_REQUEST_ID, "alpha", "beta"]
+    assert [row.request_id for row in by_agent(stats, agent_of).requests] == ["alpha", "beta"]   # no trunk row
     alpha = next(row for row in named.requests if row.request_id == "alpha")
     rows = {row.request_id: row for row in stats.requests}
     assert alpha.tokens == rows["req-1"].tokens + rows["req-3"].tokens
     assert alpha.shared_bytes == rows["req-1"].shared_bytes + rows["req-3"].shared_bytes
 
     memory = RunMemory(MemorySnapshot(), ["alpha", "beta", "gamma"])
-    memory.set_trunk(len(pinned) * size, len(pinned))
+    full = len(TRUNK) // size   # the trunk's last block is partly filled: each request copied it on write
+    memory.set_trunk(len(TRUNK), len(pinned))
     snapshot = memory.observe_engine(named)
     block = stats.block_bytes
-    assert snapshot.shared_bytes == len(pinned) * block   # the trunk's blocks, held by all three requests
-    assert snapshot.used_bytes == snapshot.shared_bytes + snapshot.private_bytes + snapshot.pinned_only_bytes
-    assert snapshot.pinned_only_bytes == 0 and snapshot.trunk_private_bytes == 0
-    assert snapshot.bytes_saved == 2 * len(pinned) * block   # three copies of the trunk, one held
-    assert snapshot.bytes_without_sharing == snapshot.used_bytes + snapshot.bytes_saved
+    assert snapshot.shared_bytes == full * block   # the trunk's full blocks, held by it and all three requests
+    assert snapshot.trunk_private_bytes == block and snapshot.pinned_only_bytes == 0
+    assert snapshot.used_bytes == snapshot.shared_bytes + snapshot.private_bytes + snapshot.trunk_private_bytes
+    assert snapshot.bytes_saved == 2 * full * block   # three copies of the trunk's full blocks, one held
+    assert snapshot.bytes_without_sharing == snapshot.shared_bytes + snapshot.private_bytes + snapshot.bytes_saved
     assert snapshot.agents_sharing == 2 and memory.agents["gamma"].shared_bytes == 0
-    assert memory.agents["alpha"].shared_bytes == 2 * len(pinned) * block
+    assert memory.agents["alpha"].shared_bytes == 2 * full * block
