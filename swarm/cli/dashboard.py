@@ -35,7 +35,13 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.agents.agent import Agent, AgentEvent, AgentState
-from swarm.cli.plain_view import describe_agents_cache, describe_server_cache, describe_server_kv, describe_weights
+from swarm.cli.plain_view import (
+    describe_agents_cache,
+    describe_linear_state,
+    describe_server_cache,
+    describe_server_kv,
+    describe_weights,
+)
 from swarm.run.facts import BackendFacts
 from swarm.run.memory import AgentMemory, RunMemory
 from swarm.run.summary import RunInfo
@@ -131,6 +137,9 @@ def header_rows(info: RunInfo, memory: RunMemory, agents: list[Agent]) -> list[t
     else:
         rows.append((pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of "
                                               f"{format_bytes(latest.total_bytes)}"))
+    state = describe_linear_state(latest) if not facts.server_metrics else None
+    if state:
+        rows.append(("linear state", state))
     if facts.trunk_pinned:
         rows.append(("trunk", f"{memory.trunk_tokens:,} tokens · {format_bytes(memory.trunk_bytes)} · shared by "
                               f"{latest.agents_sharing} of {len(agents)} agents · saved "

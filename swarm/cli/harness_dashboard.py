@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.cli.dashboard import memory_bar, pool_label
+from swarm.cli.plain_view import describe_linear_state
 from swarm.run.harness_agents import HarnessAgentRow, HarnessFigures, HarnessRunInfo
 from swarm.run.memory import RunMemory
 from swarm.spec.kv_budget import format_bytes
@@ -41,6 +42,9 @@ def header_rows(info: HarnessRunInfo, figures: HarnessFigures) -> list[tuple[str
     rows = [("swarm run", f"{info.name} · {info.model} · {info.device} · {info.dtype} · {info.weights}"),
             ("harness", f"{info.harness} ({info.api}) · {info.agents} agents · {info.url} · {info.workspace_path}"),
             (pool_label(info.device), f"{format_bytes(latest.used_bytes)} used of {format_bytes(latest.total_bytes)}")]
+    state = describe_linear_state(latest)
+    if state:
+        rows.append(("linear state", state))
     if figures.trunk_tokens:
         readers = (f"shared by {latest.agents_sharing} of {latest.agents_with_kv} agents in flight"
                    if latest.agents_with_kv else "no request in flight")

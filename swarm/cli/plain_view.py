@@ -13,7 +13,7 @@ import time
 from typing import TextIO
 
 from swarm.agents.agent import Agent, AgentEvent
-from swarm.run.memory import RunMemory
+from swarm.run.memory import MemorySnapshot, RunMemory
 from swarm.run.summary import RunInfo, prompt_totals
 from swarm.spec.kv_budget import format_bytes
 
@@ -98,6 +98,16 @@ def describe_weights(info: RunInfo) -> str:
     if info.weights is None:
         return f"weights {format_bytes(info.weight_bytes)}"
     return f"weights {format_bytes(info.weights.total_bytes)} · {info.weights.label}"
+
+
+def describe_linear_state(reading: MemorySnapshot) -> str | None:
+    """A hybrid model's linear-attention state in words: "3 slots · 154.53 MB · 1 snapshot · 51.51 MB";
+    None for a model without it."""
+    if not (reading.state_slots or reading.snapshots):
+        return None
+    snapshots = f"{reading.snapshots} snapshot{'s' if reading.snapshots != 1 else ''}"
+    return (f"{reading.state_slots} slot{'s' if reading.state_slots != 1 else ''} · "
+            f"{format_bytes(reading.state_slot_bytes)} · {snapshots} · {format_bytes(reading.snapshot_bytes)}")
 
 
 def describe_server_kv(memory: RunMemory) -> str:

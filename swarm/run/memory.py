@@ -70,6 +70,12 @@ class MemorySnapshot:
     agents_sharing: int = 0
     prefix_hit_rate: float = 0.0
     tokens_computed: int = 0
+    state_slots: int = 0
+    """A hybrid model's (Qwen3.5) linear-attention state, beside the KV: a slot per live request..."""
+    state_slot_bytes: int = 0
+    snapshots: int = 0
+    """...and the copies kept where prompts ended (the trunk's among them), shared by whoever starts there."""
+    snapshot_bytes: int = 0
 
     @property
     def peak_rank(self) -> float:
@@ -170,7 +176,9 @@ def _snapshot(stats: KVStats, agents: list[RequestKV], trunk: RequestKV | None) 
         private_bytes=private, trunk_private_bytes=trunk_private, pinned_only_bytes=pinned_only,
         bytes_without_sharing=agent_shared + private, bytes_saved=max(0, agent_shared - shared),
         agents_with_kv=len(agents), agents_sharing=sum(1 for r in agents if r.shared_blocks),
-        prefix_hit_rate=stats.prefix_hit_rate, tokens_computed=stats.tokens_computed)
+        prefix_hit_rate=stats.prefix_hit_rate, tokens_computed=stats.tokens_computed,
+        state_slots=stats.states.slots_in_use, state_slot_bytes=stats.states.slot_bytes_in_use,
+        snapshots=stats.states.snapshots_held, snapshot_bytes=stats.states.snapshot_bytes)
 
 
 def _update(memory: AgentMemory, request: RequestKV | None) -> None:

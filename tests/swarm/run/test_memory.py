@@ -1,9 +1,11 @@
 """swarm/run/memory.py's `by_agent` on a real engine's KV rows, as an external harness run reads them: requests
 named by their agents, the trunk's own request pinned, and figures that add up."""
 from engine import SamplingParams
+from swarm.cli.plain_view import describe_linear_state
 from swarm.run.memory import TRUNK_REQUEST_ID, MemorySnapshot, RunMemory, by_agent
 from tests.helpers.runs import tiny_model
 from tests.helpers.serving import start_engine
+from tests.helpers.tiny_models import make_tiny_model
 
 TRUNK = list(range(3, 3 + 40))   # two and a half blocks of 16
 
@@ -42,3 +44,25 @@ def test_requests_named_by_their_agents_give_figures_that_add_up(tmp_path_factor
     assert snapshot.bytes_without_sharing == snapshot.shared_bytes + snapshot.private_bytes + snapshot.bytes_saved
     assert snapshot.agents_sharing == 2 and memory.agents["gamma"].shared_bytes == 0
     assert memory.agents["alpha"].shared_bytes == 2 * full * block
+
+
+def test_a_hybrid_models_linear_state_is_in_the_readings(tmp_path):
+    engine = start_engine(make_tiny_model(tmp_path / "qwen3_5", "qwen3_5"))
+    trunk = engine.add_request(TRUNK, SamplingParams(max_tokens=1), request_id=TRUNK_REQUEST_ID, prefill_only=True)
+    while trunk.finish_reason is None:
+        engine.step()
+    engine.pin(trunk)
+    for request_id, own in (("req-1", [61, 62]), ("req-2", [63])):
+        engine.add_request(TRUNK + own, SamplingParams(max_tokens=4, ignore_eos=True), request_id=request_id)
+    engine.step()
+    stats = engine.kv_stats()
+    memory = RunMemory(MemorySnapshot(), ["alpha", "beta"])
+    reading = memory.observe_engine(by_agent(stats, {"req-1": "alpha", "req-2": "beta",
+                                                     TRUNK_REQUEST_ID: TRUNK_REQUEST_ID}))
+    states = stats.states
+    assert reading.state_slots == states.slots_in_use == 3   # the trunk's request and the two agents'
+    assert reading.state_slot_bytes == 3 * states.bytes_per_slot > 0
+    assert reading.snapshots == states.snapshots_held >= 1   # the trunk's end, at least
+    assert reading.snapshot_bytes == reading.snapshots * states.bytes_per_slot
+    assert describe_linear_state(reading).startswith("3 slots · ")
+    assert describe_linear_state(MemorySnapshot()) is None   # a model without linear layers says nothing
