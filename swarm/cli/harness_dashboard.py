@@ -45,10 +45,10 @@ def header_rows(info: HarnessRunInfo, figures: HarnessFigures) -> list[tuple[str
     state = describe_linear_state(latest)
     if state:
         rows.append(("linear state", state))
-    if figures.trunk_tokens:
+    if memory.trunk_tokens:
         readers = (f"shared by {latest.agents_sharing} of {latest.agents_with_kv} agents in flight"
                    if latest.agents_with_kv else "no request in flight")
-        rows.append(("trunk", f"{figures.trunk_tokens:,} tokens pinned · {format_bytes(figures.trunk_bytes)} · {readers}"))
+        rows.append(("trunk", f"{memory.trunk_tokens:,} tokens pinned · {format_bytes(memory.trunk_bytes)} · {readers}"))
     else:
         rows.append(("trunk", "not pinned yet: it is the tokens the first two agents' first requests share"))
     rows.append(("sharing", sharing_text(memory)))

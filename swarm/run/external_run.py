@@ -141,7 +141,7 @@ class ExternalRun:
 
     def _start(self, launch: AgentLaunch) -> None:
         launch.process.start()
-        self._say(f"{launch.agent} started: pid {launch.process.pid} in {launch.seen_workspace}")
+        self.view.say(f"{launch.agent} started: pid {launch.process.pid} in {launch.seen_workspace}")
 
     def _stop_over_limit(self) -> None:
         over = self.log.over_limit()
@@ -150,7 +150,7 @@ class ExternalRun:
             if reason and launch.agent not in self.ends and launch.process.poll() is None:
                 self.ends[launch.agent] = reason
                 stop_all([launch.process], STOP_GRACE)
-                self._say(f"{launch.agent} stopped: {reason}")
+                self.view.say(f"{launch.agent} stopped: {reason}")
 
     def _end_running(self, reason: str) -> None:
         running = [launch for launch in self.launches if launch.process.poll() is None]
@@ -204,7 +204,7 @@ class ExternalRun:
     def _figures(self) -> HarnessFigures:
         rows = [agent_row(launch.agent, launch.process, self.log.counts[launch.agent],
                           self.memory.agents[launch.agent], self.ends.get(launch.agent)) for launch in self.launches]
-        return HarnessFigures(rows, self.memory, self.trunk.tokens, self.memory.trunk_bytes)
+        return HarnessFigures(rows, self.memory)
 
     def _summary(self, status: str, error: str) -> dict:
         confinement = {launch.confinement for launch in self.launches} or {"none"}
@@ -227,6 +227,3 @@ class ExternalRun:
                 "workspace": str(launch.workspace.root), "seen_workspace": launch.seen_workspace,
                 "confinement": launch.confinement, "transcript": f"agent-{launch.agent}.jsonl",
                 "stdout": process.stdout_path.name, "stderr": process.stderr_path.name}
-
-    def _say(self, line: str) -> None:
-        self.view.say(line)

@@ -53,12 +53,9 @@ class HarnessRunInfo:
 
 @dataclass(slots=True)
 class HarnessFigures:
-    """One refresh's figures: the rows, the run's memory, the pinned trunk's tokens and bytes."""
+    """One refresh's figures: the rows, and the run's memory (its trunk among them)."""
     rows: list[HarnessAgentRow]
     memory: RunMemory
-    trunk_tokens: int
-    trunk_bytes: int
-
 
 
 def agent_row(name: str, process: HarnessProcess, counts: AgentCounts, kv: AgentMemory,

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from engine import AsyncEngine, LLMEngine, SamplingParams, Sequence
 from swarm.run.memory import TRUNK_REQUEST_ID
 from swarm.server.exchanges import ExchangeFinished, ExchangeStarted
+from swarm.trunk.canonical import common_prefix_length
 
 WITH_TOOLS = "first-request-with-tools"
 
@@ -86,7 +87,8 @@ class HarnessTrunk:
 
     def _add_trunk(self) -> None:
         self.pinned_from = list(self.prompts)
-        common = common_prefix(list(self.prompts.values()))
+        first, *_ = prompts = list(self.prompts.values())
+        common = first[:common_prefix_length(prompts)]
         if common:
             self._added = self.engine.call(lambda engine: self._add(engine, common))
 
@@ -94,11 +96,3 @@ class HarnessTrunk:
         self._seq = engine.add_request(trunk_ids, SamplingParams(max_tokens=1), request_id=TRUNK_REQUEST_ID,
                                        prefill_only=True)
 
-
-def common_prefix(prompts: list[list[int]]) -> list[int]:
-    """The tokens every prompt starts with."""
-    first, *others = prompts
-    length = len(first)
-    for other in others:
-        length = next((i for i, (a, b) in enumerate(zip(first[:length], other)) if a != b), min(length, len(other)))
-    return first[:length]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Protocol
 
 from swarm.server.responses import Job
@@ -37,9 +37,11 @@ class ExchangeStarted:
     """The rendered prompt, for whoever watches what requests share (not in the transcript)."""
 
     def to_json(self) -> dict:
-        fields = asdict(self)
-        del fields["prompt_ids"]
-        return {"event": "started", **fields}
+        return {"event": "started", **{name: getattr(self, name) for name in TRANSCRIPT_FIELDS}}
+
+
+TRANSCRIPT_FIELDS = [item.name for item in fields(ExchangeStarted) if item.name != "prompt_ids"]
+"""A started record's fields in its transcript line: all but the prompt's ids."""
 
 
 @dataclass(slots=True)

@@ -157,14 +157,15 @@ def _agent_prompt(tokenizer: Tokenizer, rules: list[str], tools: list[dict], mod
 def _shared(tokenizer: Tokenizer, prompts: list[AgentPrompt], mode: str) -> Trunk:
     first = prompts[0]
     ids, offsets = tokenize_with_offsets(tokenizer, first.system_text, first=True)
-    length = _common_prefix_length([p.system_ids for p in prompts])
+    length = common_prefix_length([p.system_ids for p in prompts])
     if length == len(ids):
         return Trunk(first.system_text, ids, offsets, mode)
     end = offsets[length - 1][1] if length else 0
     return Trunk(first.system_text[:end], ids[:length], offsets[:length], mode)
 
 
-def _common_prefix_length(sequences: list[list[int]]) -> int:
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    """How many tokens every one of `sequences` starts with."""
     shortest = min(len(s) for s in sequences)
     for index in range(shortest):
         if len({s[index] for s in sequences}) > 1:

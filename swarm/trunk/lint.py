@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from engine import Tokenizer
-from swarm.trunk.canonical import PromptSet, Segment, TrunkSource, tokenize_with_offsets
+from swarm.trunk.canonical import PromptSet, Segment, TrunkSource, common_prefix_length, tokenize_with_offsets
 from swarm.trunk.suffix import PLACEHOLDER, RUN_VARIABLES, fill
 from swarm.trunk.volatile_patterns import Volatiles, find_volatile
 
@@ -78,7 +78,8 @@ def find_divergences(tokenizer: Tokenizer, prompts: PromptSet, source: TrunkSour
     agents = prompts.agents
     result = []
     for i, agent in enumerate(agents):
-        others = [(_common(agent.prompt_ids, other.prompt_ids), j) for j, other in enumerate(agents) if j != i]
+        others = [(common_prefix_length([agent.prompt_ids, other.prompt_ids]), j)
+                  for j, other in enumerate(agents) if j != i]
         if not others:
             continue
         index, j = max(others)
@@ -139,13 +140,6 @@ def _display(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    for index, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
 
 
 def _trunk_reason(tokenizer: Tokenizer, system_text: str, index: int, source: TrunkSource,

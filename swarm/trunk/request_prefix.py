@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engine import Tokenizer
-from swarm.trunk.canonical import token_ids_sha256
+from swarm.trunk.canonical import common_prefix_length, token_ids_sha256
 from swarm.trunk.lint import ADVICE
 from swarm.trunk.volatile_patterns import Volatiles, find_volatile
 
@@ -85,7 +85,7 @@ class RequestPrefix:
 def request_prefix(tokenizer: Tokenizer, requests: list[RenderedRequest],
                    volatiles: Volatiles | None = None) -> RequestPrefix:
     assert requests, "at least one request to compare"
-    trunk = requests[0].token_ids[:_common_length([r.token_ids for r in requests])]
+    trunk = requests[0].token_ids[:common_prefix_length([r.token_ids for r in requests])]
     branches = [_branch(tokenizer, request, requests) for request in requests]
     return RequestPrefix(trunk, branches, system_findings(tokenizer, requests, len(trunk), volatiles))
 
@@ -109,7 +109,7 @@ def system_findings(tokenizer: Tokenizer, requests: list[RenderedRequest], trunk
 
 
 def _branch(tokenizer: Tokenizer, request: RenderedRequest, requests: list[RenderedRequest]) -> RequestBranch:
-    others = [(_common_length([request.token_ids, o.token_ids]), -i, o) for i, o in enumerate(requests)
+    others = [(common_prefix_length([request.token_ids, o.token_ids]), -i, o) for i, o in enumerate(requests)
               if o is not request]
     if not others:
         return RequestBranch(request.name, request.api, len(request.token_ids), None, None, "", "", "")
@@ -123,11 +123,6 @@ def _branch(tokenizer: Tokenizer, request: RenderedRequest, requests: list[Rende
 
 def _text(tokenizer: Tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def _common_length(sequences: list[list[int]]) -> int:
-    shortest = min(len(s) for s in sequences)
-    return next((i for i in range(shortest) if len({s[i] for s in sequences}) > 1), shortest)
 
 
 def _token_at(tokenizer: Tokenizer, ids: list[int], prompt: str, text: str, char: int) -> int | None:

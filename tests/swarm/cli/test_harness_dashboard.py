@@ -23,7 +23,9 @@ def figures() -> HarnessFigures:
                                   agents_sharing=2, prefix_hit_rate=0.5))
     rows = [HarnessAgentRow("a1", "generating", 3, 2, 1_210, 2_300, (1_100, 1_150), 16_000, 2_000, 40, None),
             HarnessAgentRow("a2", "exited (0)", 1, 1, 1_090, 1_024, (1_024, 1_040), 16_000, 2_000, 50, 0)]
-    return HarnessFigures(rows, memory, 1_024, 16_000)
+    memory.set_trunk(1_024, 16)
+    memory.block_bytes = 1_000
+    return HarnessFigures(rows, memory)
 
 
 def test_the_frame_has_the_header_figures_and_a_row_per_agent():
@@ -41,7 +43,7 @@ def test_the_frame_has_the_header_figures_and_a_row_per_agent():
 
 
 def test_the_header_says_when_no_trunk_is_pinned_yet():
-    empty = HarnessFigures([], RunMemory(MemorySnapshot(), []), 0, 0)
+    empty = HarnessFigures([], RunMemory(MemorySnapshot(), []))
     assert dict(header_rows(INFO, empty))["trunk"].startswith("not pinned yet")
 
 

@@ -2,8 +2,9 @@
 SDK with their own keys: the tokens they share become the trunk's own request, pinned."""
 import pytest
 
-from swarm.run.harness_trunk import WITH_TOOLS, HarnessTrunk, common_prefix
+from swarm.run.harness_trunk import WITH_TOOLS, HarnessTrunk
 from swarm.run.memory import TRUNK_REQUEST_ID
+from swarm.trunk.canonical import common_prefix_length
 from tests.helpers.runs import TINY_HARNESS, tiny_model
 from tests.helpers.serving import MODEL, ServerThread, start_engine
 
@@ -37,11 +38,6 @@ def attach(trunk: HarnessTrunk, server):
     return server.async_engine.engine
 
 
-def test_common_prefix():
-    assert common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
-    assert common_prefix([[1, 2], [1, 2, 3]]) == [1, 2] and common_prefix([[7], [8]]) == []
-
-
 def test_the_tokens_the_first_two_agents_first_requests_share_are_the_pinned_trunk(model_dir):
     trunk, running = serve(model_dir, "first-request")
     with running as server:
@@ -51,7 +47,7 @@ def test_the_tokens_the_first_two_agents_first_requests_share_are_the_pinned_tru
         computed = engine.runner.prompt_tokens_computed
         ask(server, "key-b", "Write tests for b.py.")
         trunk.wait_pinned()
-        shared = len(common_prefix(list(trunk.prompts.values())))
+        shared = common_prefix_length(list(trunk.prompts.values()))
         size = engine.blocks.block_size
         assert trunk.tokens == shared > size and len(trunk.blocks) == -(-shared // size)
         assert all(engine.blocks.pool.is_pinned(block) for block in trunk.blocks)

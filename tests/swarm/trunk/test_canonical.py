@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine.errors import SpecError
 from swarm.spec.schema import AgentSpec, load_spec
-from swarm.trunk.canonical import build_prompts, rules_text, token_ids_sha256
+from swarm.trunk.canonical import build_prompts, common_prefix_length, rules_text, token_ids_sha256
 from tests.helpers.chat_templates import LLAMA31_TOOLS_IN_USER, QWEN_TOOLS
 from tests.helpers.spec_files import (
     EXAMPLE_SPEC,
@@ -155,3 +155,8 @@ def test_trunk_token_at_maps_characters_to_tokens():
     index = trunk.token_at(at)
     assert "Python" in default_tokenizer().decode(trunk.token_ids[index:index + 2])
     assert trunk.token_at(0) == 0
+
+
+def test_common_prefix_length_is_how_many_tokens_every_sequence_starts_with():
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2, 3]]) == 2 and common_prefix_length([[7], [8]]) == 0
