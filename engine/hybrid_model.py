@@ -15,6 +15,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from engine import prompt_matmul
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.linear_attention.gated_deltanet_layer import GatedDeltaNet
 from engine.linear_attention.state_pool import StepStates
@@ -76,8 +77,10 @@ class HybridDecoderLayer(nn.Module):
         if split is None:
             out = self.run_linear(x, batch.query_lens, states)
         else:
-            out = torch.cat((self.run_linear(x[:split], batch.query_lens[:split], states.part(slice(None, split))),
-                             self.run_linear(x[split:], batch.query_lens[split:], states.part(slice(split, None)))))
+            with prompt_matmul.decode_rows():
+                decode = self.run_linear(x[:split], batch.query_lens[:split], states.part(slice(None, split)))
+            out = torch.cat((decode, self.run_linear(x[split:], batch.query_lens[split:],
+                                                     states.part(slice(split, None)))))
         rows = batch.query_rows
         return out if rows is None else out[rows]
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import prompt_matmul
 from kernels.cpu import onednn_linear
 
 FEW_ROWS = 64
@@ -26,6 +27,9 @@ class Linear(nn.Linear):
     alone 19 -> 8.6 ms)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return prompt_matmul.with_step_precision(self._product, x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > FEW_ROWS or x.device.type != "cpu" or x.dim() != 2:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:
@@ -44,7 +48,7 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return onednn_linear.linear(x, self.weight, self.bias)
+        return prompt_matmul.with_step_precision(onednn_linear.linear, x, self.weight, self.bias)
 
 
 DENSE = (Linear, PackedLinear)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import decode_graphs
+from engine import decode_graphs, prompt_matmul
 from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
 from engine.kv.block_manager import BlockManager
@@ -19,6 +19,7 @@ from engine.linear_attention.state_pool import StatePool
 from engine.loading.build import load_model
 from engine.loading.context_length import with_context_length
 from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
+from engine.machine_probe import cpu_has_native
 from engine.model_runner import ModelRunner
 from engine.options import EngineOptions
 from engine.sampler import Sampler
@@ -48,6 +49,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.source)
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)
+        self.prompt_precision = prompt_matmul.choose(options.dtype, self.device, self.dtype)
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
@@ -66,7 +68,8 @@ class LLMEngine:
                                    options.mixed_step_tokens)
         graphs = None if self.states is not None else decode_graphs.engine_settings(
             options, self.device, num_blocks, self.config.max_position_embeddings)
-        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states)
+        self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states,
+                                  self.prompt_precision)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -178,10 +181,11 @@ class LLMEngine:
         self.scheduler.mixed_step_tokens = tokens
 
     def kernels(self) -> dict[str, object]:
-        """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library and
-        whether decode steps replay as graphs."""
+        """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
+        precision of prompts' products and whether decode steps replay as graphs."""
         return {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
-                "matmuls": "onednn" if self.onednn_weights else "torch", "decode_graphs": self.runner.graphs_state()}
+                "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
+                "decode_graphs": self.runner.graphs_state()}
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:
         chosen = [seqs[r] for r in rows]
@@ -228,7 +232,8 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: 16-bit on a GPU, where memory is what runs out; float32 on a CPU, where greedy
     output stays token-for-token the same with sharing on or off, batched or alone (16-bit
     rounding can flip near-ties when the summation order changes), and where swarm's C kernels
-    and oneDNN's float32 matmuls run (bfloat16 was 1.9x slower end to end on an AVX512-BF16 CPU)."""
+    and oneDNN's float32 matmuls run (bfloat16 was 1.9x slower end to end on an AVX512-BF16 CPU).
+    On a CPU, auto may still give prompts bfloat16 products (engine.prompt_matmul)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -242,10 +247,3 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
                       stacklevel=2)
     return dtypes[name]
 
-
-def cpu_has_native(dtype: torch.dtype) -> bool:
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if dtype == torch.float16:
-        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    return True

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import prompt_matmul
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.linear import Linear
 from engine.loading.config import ModelConfig
@@ -20,10 +21,13 @@ from kernels.cpu import fused_ops
 def rows_apart(layer: nn.Module, x: torch.Tensor, split: int | None) -> torch.Tensor:
     """`layer(x)`, with the rows before `split` (a mixed step's decode rows) multiplied apart from the
     prompt rows after it: matmul kernels choose their blocking, and so the order of their sums, by the
-    number of rows, and a decode row must get the very logits a decode-only step gives it."""
+    number of rows, and a decode row must get the very logits a decode-only step gives it (in float32, where
+    prompt rows may take bfloat16 products: engine.prompt_matmul)."""
     if split is None:
         return layer(x)
-    return torch.cat((layer(x[:split]), layer(x[split:])))
+    with prompt_matmul.decode_rows():
+        decode = layer(x[:split])
+    return torch.cat((decode, layer(x[split:])))
 
 
 class RMSNorm(nn.Module):

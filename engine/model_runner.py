@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import prompt_matmul
 from engine.attention.base import AttentionBatch
 from engine.attention.select import select_backend
 from engine.decode_graphs import DecodeGraphs, GraphSettings
@@ -17,13 +18,15 @@ class ModelRunner:
     a hybrid model (engine.hybrid_model) also reads and writes its sequences' slots of `states`."""
 
     def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True,
-                 graphs: GraphSettings | None = None, states: StatePool | None = None):
+                 graphs: GraphSettings | None = None, states: StatePool | None = None,
+                 prompt_precision: str = "float32"):
         assert model.config.is_hybrid == (states is not None), "a hybrid model runs with a state pool, only it"
         assert states is None or graphs is None, "a hybrid model's decode steps run eagerly"
         self.model = model
         self.kv = kv
         self.states = states
         self.device = device
+        self.prompt_precision = prompt_precision   # of prompt rows' products (engine.prompt_matmul)
         self.attention = select_backend(kv, scale=model.config.head_dim ** -0.5)
         self.cascade = cascade
         self.use_graphs(graphs)
@@ -60,12 +63,15 @@ class ModelRunner:
         self.attention.plan(attention_batch)
         self.tokens_computed += input_ids.numel()
         self.prompt_tokens_computed += input_ids.numel() - batch.num_decode
-        if self.states is None:
-            hidden = self.model(input_ids, positions, attention_batch, self.attention)
-        else:
-            states = self.states.for_step([seq.seq_id for seq in batch.seqs])
-            hidden = self.model(input_ids, positions, attention_batch, self.attention, states)
+        with prompt_matmul.prompt_rows(self.prompt_precision if batch.is_prefill else "float32"):
+            hidden = self._forward(batch, input_ids, positions, attention_batch)
         return self.model.compute_logits(hidden, attention_batch.decode_split)
+
+    def _forward(self, batch: ScheduledBatch, input_ids, positions, attention_batch: AttentionBatch) -> torch.Tensor:
+        if self.states is None:
+            return self.model(input_ids, positions, attention_batch, self.attention)
+        states = self.states.for_step([seq.seq_id for seq in batch.seqs])
+        return self.model(input_ids, positions, attention_batch, self.attention, states)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
         block_size = self.kv.block_size

@@ -2,6 +2,7 @@
 it on each device:
 
     CPU, float32, a few rows, a format the C kernel reads   kernels.cpu.quant_matmul straight from the blocks
+      (not prompt rows that take bfloat16 products: engine.prompt_matmul)
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
     anything else (CPU prefill, other formats, dtypes)       tiles of the weight dequantized into one scratch
                                                              buffer the whole model shares, then the GEMM of
@@ -15,10 +16,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine import prompt_matmul
 from kernels.cpu import quant_matmul as cpu_kernel
 from kernels.reference import gguf_dequant
 from kernels.reference.quant_blocks import QuantizedTensor
-from kernels.reference.quant_matmul import DequantScratch, dequant_matmul
+from kernels.reference.quant_matmul import DEFAULT_TILE_BYTES, DequantScratch, dequant_matmul
 
 
 class QuantizedLinear(nn.Module):
@@ -36,11 +38,12 @@ class QuantizedLinear(nn.Module):
         self._expand = _cpu_expander(weight.format) if on_cpu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._cpu_kernel and cpu_kernel.usable(x):
+        if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
             return cpu_kernel.quant_matmul(x, self.quantized, self.bias)
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
-        return dequant_matmul(x, self.quantized, self.bias, self.scratch, dequantize=self._expand)
+        return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
+                                                 DEFAULT_TILE_BYTES, self._expand)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"

@@ -22,8 +22,7 @@ from typing import Callable
 
 import torch
 
-from engine import DEFAULT_MODEL, LLM, SamplingParams
-from swarm.bench.machine_probe import cpu_model_name
+from engine import DEFAULT_MODEL, LLM, SamplingParams, cpu_model_name
 from swarm.bench.runner import raise_errors, swarm_version
 from swarm.bench.workload import BenchError, Workload, agreement, make_workload
 

@@ -76,7 +76,7 @@ def _wall_panel(ax, configs: list[ConfigResult]) -> None:
     for i, name in enumerate(systems):
         xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
         walls = [_value(c, name, "wall_s") or 0 for c in configs]
-        bars = ax.bar(xs, walls, width=width, label=SYSTEMS[name], color=COLORS[name])
+        bars = ax.bar(xs, walls, width=width, label=_legend_label(configs, name), color=COLORS[name])
         ax.bar_label(bars, labels=[_wall_label(c, name) for c in configs], fontsize=7, padding=1)
         highest = max([highest, *walls])
     for x, config in enumerate(configs):
@@ -89,6 +89,11 @@ def _wall_panel(ax, configs: list[ConfigResult]) -> None:
     ax.set_ylabel("wall time (s)")
     ax.set_title("End-to-end time (lower: faster)")
     ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def _legend_label(configs: list[ConfigResult], name: str) -> str:
+    """The system's labels in these configurations: one, unless a peer fell back to its plain path midway."""
+    return " / ".join(dict.fromkeys(c.systems[name].label for c in configs if _ok(c, name)))
 
 
 def _wall_label(config: ConfigResult, name: str) -> str:

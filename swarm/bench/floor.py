@@ -1,5 +1,5 @@
 """The machine's floor for one bench configuration: the seconds no system can beat on this machine, from the
-workload's FLOPs and bytes and the rates swarm/bench/machine_probe.py measured.
+workload's FLOPs and bytes and the rates engine/machine_probe.py measured.
 
 With L layers, hidden size d, H heads and H_kv KV heads of size h, intermediate size f, vocabulary V:
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm.bench.machine_probe import MachineProbe
+from engine import MachineProbe
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,18 @@ llama.cpp's own recipe for a shared prompt:
 
 KV held is counted in cells: the trunk's T cells once, plus each sequence's own cells, at
 the cache's type (f16) for the model's layers, KV heads and head size.
+
+llama.cpp runs as it ships, with its CPU "extra buffer types" (weights repacked for AMX and the
+like) on; the bench turns them off (its plain CPU path) only in a worker started after the default
+one crashed (swarm/bench/fallback.py). For tests, CRASH_HOOK=k in the environment makes a runner
+with them on kill itself with SIGSEGV at its k-th run, as the AMX path does on some machines.
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
+import signal
 
 import numpy as np
 import torch
@@ -23,12 +30,15 @@ from swarm.bench.peers import PeerUnavailable
 from swarm.bench.workload import Measurement, Stopwatch, Workload
 
 N_BATCH = 2048
+CRASH_HOOK = "SWARM_BENCH_TEST_CRASH_EXTRA_BUFFER_TYPES"
+_silent_log = None   # the ctypes callback that drops llama.cpp's log lines, made once
 
 
 class LlamaCppRunner:
     name = "llamacpp"
 
-    def __init__(self, source: ModelSource, config: ModelConfig, device, max_kv_tokens: int, max_seqs: int):
+    def __init__(self, source: ModelSource, config: ModelConfig, device, max_kv_tokens: int, max_seqs: int,
+                 extra_buffer_types: bool = True):
         if importlib.util.find_spec("llama_cpp") is None:
             raise PeerUnavailable("not installed (pip install llama-cpp-python)")
         if source.kind != "gguf":
@@ -40,6 +50,8 @@ class LlamaCppRunner:
         self.lc = llama_cpp
         self.version = llama_cpp.__version__
         self.bytes_per_cell = config.kv_bytes_per_token("float16")   # the context's cache type: llama.cpp's default
+        self.extra_buffer_types = extra_buffer_types
+        self.runs = 0
         self._silence()
         llama_cpp.llama_backend_init()
         self.model = self._load_model(source, device)
@@ -51,6 +63,7 @@ class LlamaCppRunner:
     def run(self, workload: Workload) -> Measurement:
         lc, n = self.lc, workload.agents
         lc.llama_memory_clear(self.memory, True)
+        self._crash_if_asked()
         watch = Stopwatch()
         self._decode([(token, pos, 0, False) for pos, token in enumerate(workload.trunk)])
         for seq in range(1, n):
@@ -70,6 +83,11 @@ class LlamaCppRunner:
         cells = start + sum(lc.llama_memory_seq_pos_max(self.memory, seq) + 1 - start for seq in range(n))
         return Measurement(cells * self.bytes_per_cell, self.bytes_per_cell, start + n * workload.suffix_tokens,
                            ttft, n * (workload.new_tokens - 1), wall - ttft, wall, outputs)
+
+    def _crash_if_asked(self) -> None:
+        self.runs += 1
+        if self.extra_buffer_types and str(self.runs) == os.environ.get(CRASH_HOOK):
+            os.kill(os.getpid(), signal.SIGSEGV)
 
     def _decode(self, entries: list[tuple[int, int, int, bool]]) -> list[int]:
         """Decode (token, position, sequence, wants logits) entries in batches of N_BATCH;
@@ -100,6 +118,7 @@ class LlamaCppRunner:
     def _load_model(self, source: ModelSource, device):
         params = self.lc.llama_model_default_params()
         params.n_gpu_layers = 999 if getattr(device, "type", "cpu") == "cuda" else 0
+        params.use_extra_bufts = self.extra_buffer_types
         model = self.lc.llama_model_load_from_file(str(source.path).encode(), params)
         if not model:
             raise PeerUnavailable(f"llama.cpp could not load {source.path.name}")
@@ -118,6 +137,9 @@ class LlamaCppRunner:
         return ctx
 
     def _silence(self) -> None:
-        """llama.cpp logs every load to stderr; the progress bar owns the terminal."""
-        self._log_callback = self.lc.llama_log_callback(lambda level, text, data: None)
-        self.lc.llama_log_set(self._log_callback, ctypes.c_void_p())
+        """llama.cpp logs every load to stderr; the progress bar owns the terminal. The callback lives as long
+        as the process: llama.cpp keeps calling it after this runner is gone (a freed one segfaults)."""
+        global _silent_log
+        if _silent_log is None:
+            _silent_log = self.lc.llama_log_callback(lambda level, text, data: None)
+        self.lc.llama_log_set(_silent_log, ctypes.c_void_p())

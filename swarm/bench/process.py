@@ -9,7 +9,8 @@ The systems still take turns: a worker computes only while the bench waits on it
     .run(workload)         ── workload ─▶  runner.run(workload) -> ("ok", Measurement) | ("error", why)
     .close()               ── None ─────▶  returns
 
-Times are taken inside the worker, so the pipe's copies are not in them.
+Times are taken inside the worker, so the pipe's copies are not in them. A worker killed by a signal
+(llama.cpp's AMX path segfaults on some machines) raises WorkerCrashed in the bench, never takes it down.
 """
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ class PeerSpec:
     hf_dtype: str
     max_kv_tokens: int
     max_seqs: int
+    extra_buffer_types: bool = True   # llama.cpp's repacked weights (its AMX path); off: its plain CPU path
+
+
+class WorkerCrashed(RuntimeError):
+    """The worker process was killed by a signal (a crash), not a Python exception it reported."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def make_peer(spec: PeerSpec):
@@ -46,12 +56,15 @@ def make_peer(spec: PeerSpec):
         from swarm.bench.peers import HFRunner
         return HFRunner(spec.source, torch.device(spec.device), spec.hf_dtype)
     from swarm.bench.llamacpp import LlamaCppRunner
-    return LlamaCppRunner(spec.source, spec.config, torch.device(spec.device), spec.max_kv_tokens, spec.max_seqs)
+    return LlamaCppRunner(spec.source, spec.config, torch.device(spec.device), spec.max_kv_tokens, spec.max_seqs,
+                          spec.extra_buffer_types)
 
 
 class PeerProcess:
     """A peer runner living in its own worker process (`python -m swarm.bench.process`, talking
     pickles over a pair of pipes); raises PeerUnavailable as make_peer would."""
+
+    note = ""   # as it ships
 
     def __init__(self, spec: PeerSpec):
         self.name = spec.name
@@ -126,7 +139,10 @@ class PeerProcess:
             code = self._process.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             code = None
-        raise RuntimeError(f"the {SYSTEMS[self.name]} worker process ended (exit code {code})")
+        message = f"the {SYSTEMS[self.name]} worker process ended (exit code {code})"
+        if code is not None and code < 0:
+            raise WorkerCrashed(message, code)
+        raise RuntimeError(message)
 
 
 def _pipe() -> tuple[Connection, Connection]:

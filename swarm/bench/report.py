@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine import MachineProbe
 from swarm.bench.floor import Floor
-from swarm.bench.machine_probe import MachineProbe
 from swarm.bench.workload import METRICS, SYSTEMS, BenchOptions, Measurement
 
 SCHEMA_VERSION = 1
@@ -44,9 +44,15 @@ class SystemResult:
     matches_swarm: float | None = None
     busy: BusyResult | None = None   # with --busy: the same configuration beside busy processes
     wall_over_floor: float | None = None
+    note: str = ""                   # how it ran, if not as it ships (a peer on its plain CPU path)
+
+    @property
+    def label(self) -> str:
+        """The system's name, and the note if there is one: "llama.cpp (plain CPU path: ...)"."""
+        return f"{SYSTEMS[self.name]} ({self.note})" if self.note else SYSTEMS[self.name]
 
     def to_json(self) -> dict:
-        data = {"label": SYSTEMS[self.name], "status": self.status, "reason": self.reason}
+        data = {"label": self.label, "status": self.status, "reason": self.reason}
         m = self.measurement
         if m is not None:
             data.update(kv_bytes_peak=m.kv_bytes_peak, bytes_per_token=m.bytes_per_token,

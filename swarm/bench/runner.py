@@ -16,10 +16,10 @@ from typing import Callable, Protocol
 
 import torch
 
-from engine import LLM, SamplingParams, SwarmError, wait_settings
+from engine import LLM, MachineProbe, SamplingParams, SwarmError, cached_probe, wait_settings
 from swarm.bench.busy import BusyLoad
+from swarm.bench.fallback import PlainPathFallback
 from swarm.bench.floor import ModelShape, machine_floor
-from swarm.bench.machine_probe import MachineProbe, machine_probe
 from swarm.bench.peers import PeerUnavailable
 from swarm.bench.process import PeerProcess, PeerSpec
 from swarm.bench.report import BenchReport, BusyResult, ConfigResult, SystemResult
@@ -39,12 +39,15 @@ from swarm.bench.workload import (
 class Runner(Protocol):
     name: str
     version: str
+    note: str   # how it runs, if not as it ships: said in its rows' label
 
     def run(self, workload: Workload) -> Measurement: ...
 
 
 class SwarmRunner:
     """swarm's engine, stepped by hand to see each agent's first token and the KV held."""
+
+    note = ""
 
     def __init__(self, options: BenchOptions, sharing: bool):
         self.name = "swarm" if sharing else "swarm_no_sharing"
@@ -129,7 +132,7 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
                    for trunk, agents in options.configurations]
     finally:
         for runner in runners:
-            if isinstance(runner, PeerProcess):
+            if isinstance(runner, (PeerProcess, PlainPathFallback)):
                 runner.close()
     engine = runners[0].llm.engine
     _fill_floors(configs, engine, machine)
@@ -146,7 +149,7 @@ def _probe(options: BenchOptions, engine, progress: Progress) -> MachineProbe | 
     if engine.device.type != "cpu":
         return None
     progress("measuring the machine (matmul FLOP/s, read bandwidth)", 0, 0)
-    return machine_probe(reprobe=options.reprobe)
+    return cached_probe(reprobe=options.reprobe)
 
 
 def _fill_floors(configs: list[ConfigResult], engine, machine: MachineProbe | None) -> None:
@@ -163,11 +166,12 @@ def _warm_up_workload(options: BenchOptions, vocab_size: int) -> Workload:
 
 
 def load_peer(name: str, options: BenchOptions, engine) -> tuple[Runner | None, SystemResult | None]:
-    """A peer runner for swarm's own model, in a worker process of its own, or why there is none."""
+    """A peer runner for swarm's own model, in a worker process of its own, or why there is none;
+    llama.cpp's falls back to its plain CPU path if its default one crashes."""
     spec = PeerSpec(name, engine.source, engine.config, str(engine.device), options.hf_dtype,
                     options.largest_kv_tokens, max(options.agents))
     try:
-        return PeerProcess(spec), None
+        return (PlainPathFallback(spec) if name == "llamacpp" else PeerProcess(spec)), None
     except PeerUnavailable as err:
         status = "not installed" if str(err).startswith("not installed") else "unavailable"
         return None, SystemResult(name, status, str(err))
@@ -197,17 +201,35 @@ def _run_config(options, trunk, agents, runners, missing, vocab, tally: _Tally) 
                                  seed=f"{options.seed}/{trunk}/{agents}/{repeat}")
         turn = repeat % len(runners)
         for runner in runners[turn:] + runners[:turn]:
-            runs[runner.name].append((repeat, tally.measure(runner, workload)))
-            if options.busy:
-                busy_runs[runner.name].append((repeat, tally.measure(runner, workload, options.busy)))
+            _take_turn(runner, workload, repeat, options.busy, tally, runs[runner.name], busy_runs[runner.name])
     result = ConfigResult(agents, trunk, options.suffix, options.new_tokens)
     result.systems = {name: _median_run(name, runs[name], runs["swarm"]) for name in runs}
+    for runner in runners:
+        result.systems[runner.name].note = runner.note
     if options.busy:
         for name, system in result.systems.items():
             system.busy = _busy_result(options.busy, busy_runs[name], runs[name])
     result.systems.update(missing)
     result.fill_ratios()
     return result
+
+
+def _take_turn(runner: Runner, workload: Workload, repeat: int, busy: int, tally: _Tally, runs, busy_runs) -> None:
+    """One repeat of one system: quiet, then beside `busy` busy processes. A peer that changes how it runs
+    (falls back to its plain path) drops its earlier runs of this configuration: a row measures one way."""
+    note = runner.note
+    quiet, beside = tally.measure(runner, workload), None
+    if busy:
+        before = runner.note
+        beside = tally.measure(runner, workload, busy)
+        if runner.note != before:   # the quiet run was the other way
+            quiet = tally.measure(runner, workload)
+    if runner.note != note:
+        runs.clear()
+        busy_runs.clear()
+    runs.append((repeat, quiet))
+    if beside is not None:
+        busy_runs.append((repeat, beside))
 
 
 def _measure(runner: Runner, workload: Workload) -> Measurement | SystemResult:

@@ -15,8 +15,8 @@ from swarm.bench.workload import PEERS, SYSTEMS, BenchError, BenchOptions
 from swarm.spec.kv_budget import format_bytes
 
 if TYPE_CHECKING:
+    from engine import MachineProbe
     from swarm.bench.floor import Floor
-    from swarm.bench.machine_probe import MachineProbe
     from swarm.bench.report import BenchReport, ConfigResult, SystemResult
 
 SHORT_NAMES = {"swarm": "swarm", "swarm_no_sharing": "swarm, no sharing", "hf": "transformers",

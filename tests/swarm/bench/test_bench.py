@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine import cpu_threads
+from engine.machine_probe import CACHE_FILE
 from kernels.cpu import onednn_linear
 from swarm.bench.decode import ModeResult, TrunkResult
 from swarm.bench.workload import make_workload
@@ -39,7 +40,7 @@ def bench_run(tmp_path_factory):
         env.setenv("SWARM_CACHE_DIR", str(root))   # the machine probe's cache: a fresh one, not the user's
         result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    return json.loads(out.read_text()), result.output, plot
+    return json.loads(out.read_text()), result.output, plot, root
 
 
 def configs_by_agents(document):
@@ -47,7 +48,7 @@ def configs_by_agents(document):
 
 
 def test_json_follows_the_documented_schema(bench_run):
-    document, stdout, _ = bench_run
+    document, stdout, *_ = bench_run
     assert json.loads(stdout[stdout.index("{"):]) == document
     assert document["schema_version"] == 1
     assert {"model", "device", "dtype", "hf_dtype", "kernels", "machine", "workload", "systems", "versions",
@@ -75,7 +76,9 @@ def test_json_follows_the_documented_schema(bench_run):
 def test_the_machine_and_every_configuration_s_floor_are_reported(bench_run):
     document = bench_run[0]
     machine = document["machine"]
-    assert set(machine) == MACHINE_FIELDS and not machine["from_cache"]
+    assert set(machine) == MACHINE_FIELDS
+    cached = json.loads((bench_run[3] / CACHE_FILE).read_text())   # measured in this run: the cache was empty
+    assert [entry["matmul_flop_s"] for entry in cached.values()] == [machine["matmul_flop_s"]]
     assert machine["threads"] == document["kernels"]["threads"]
     assert set(machine["matmul_flop_s"]) >= {"float32", "bfloat16"}
     for config in document["configs"]:

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
+from engine import MachineProbe, MatmulRate
 from swarm.bench.floor import ModelShape, machine_floor
-from swarm.bench.machine_probe import MachineProbe, MatmulRate
 
 # L=2, d=8, H=2, H_kv=1, h=4, f=16, V=32:
 #   P = 2 · (8·2·4 + 2·8·1·4 + 2·4·8 + 3·8·16) = 2 · (64 + 64 + 64 + 384) = 1152;  E = 8·32 = 256

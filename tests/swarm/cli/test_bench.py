@@ -2,9 +2,9 @@
 test_bench.py runs the bench itself)."""
 from rich.console import Console
 
+from engine import MachineProbe, MatmulRate
 from swarm.bench.chart import write_chart
 from swarm.bench.floor import Floor
-from swarm.bench.machine_probe import MachineProbe, MatmulRate
 from swarm.bench.report import BenchReport, ConfigResult, SystemResult
 from swarm.bench.workload import BenchOptions, Measurement
 from swarm.cli.bench import _print_report

@@ -1,4 +1,4 @@
-"""swarm/bench/machine_probe.py on this machine: what the probes return and how their cache is kept."""
+"""engine/machine_probe.py on this machine: what the probes return and how their cache is kept."""
 import json
 import math
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from engine import cpu_has_native
-from swarm.bench.machine_probe import (
+from engine.machine_probe import (
     CALIBRATION_SHAPE,
     PREFILL_SHAPES,
     MachineProbe,
     cache_path,
-    machine_probe,
+    cached_probe,
     probe_machine,
 )
 
@@ -39,13 +39,13 @@ def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could
 
 
 def test_the_cache_is_reused_until_reprobe(cache_dir):
-    first = machine_probe(budget_s=SHORT)
+    first = cached_probe(budget_s=SHORT)
     assert not first.from_cache
     assert cache_path() == cache_dir / "machine-probe.json"
     assert list(json.loads(cache_path().read_text())) == [first.key]
-    again = machine_probe(budget_s=SHORT)
+    again = cached_probe(budget_s=SHORT)
     assert again.from_cache and again == first
-    fresh = machine_probe(reprobe=True, budget_s=SHORT)
+    fresh = cached_probe(reprobe=True, budget_s=SHORT)
     assert not fresh.from_cache
     stored = json.loads(cache_path().read_text())
     assert list(stored) == [fresh.key] and MachineProbe.from_json(stored[fresh.key]) == fresh
@@ -54,7 +54,7 @@ def test_the_cache_is_reused_until_reprobe(cache_dir):
 def test_the_cache_keeps_other_machines_and_the_key_names_cpu_cores_threads_and_torch(cache_dir):
     other = probe_machine(SHORT).to_json() | {"cpu": "another CPU"}
     cache_path().write_text(json.dumps({"another CPU | 2 cores | 1 threads | torch 0": other}))
-    probe = machine_probe(budget_s=SHORT)
+    probe = cached_probe(budget_s=SHORT)
     assert not probe.from_cache
     assert set(json.loads(cache_path().read_text())) == {"another CPU | 2 cores | 1 threads | torch 0", probe.key}
     for part in (probe.cpu, f"{probe.cores} cores", f"{probe.threads} threads", torch.__version__):
@@ -63,6 +63,6 @@ def test_the_cache_keeps_other_machines_and_the_key_names_cpu_cores_threads_and_
 
 def test_an_unreadable_cache_is_probed_again_and_rewritten(cache_dir):
     cache_path().write_text("{not json")
-    probe = machine_probe(budget_s=SHORT)
+    probe = cached_probe(budget_s=SHORT)
     assert not probe.from_cache
     assert list(json.loads(cache_path().read_text())) == [probe.key]

@@ -1,9 +1,10 @@
-"""What this machine's CPU can do, measured in a few seconds, for the bench's floor (swarm/bench/floor.py).
+"""What this machine's CPU can do, measured in a few seconds: for the bench's floor (swarm/bench/floor.py), and
+for `dtype: auto`, which takes bfloat16 products for prompts where they measure faster (engine/prompt_matmul.py).
 
     matmul_flop_s     per dtype: 2·m·k·n over the seconds of the fastest `a @ b` through torch (oneDNN) at
                       prefill shapes, [2048 x 576] @ [576 x 1536] (a SmolLM2 MLP projection over a 2,048-token
                       trunk) and a square 2048. float32 and bfloat16 always; float16 only where oneDNN runs it
-                      natively (`engine.cpu_has_native`, as the engine decides). Each dtype first times a small
+                      natively (`cpu_has_native`, as the engine decides). Each dtype first times a small
                       [128 x 576] @ [576 x 1536]; a larger shape runs only where that rate says two runs of it fit
                       what is left of the dtype's budget (emulated bfloat16 runs about 1 GFLOP/s, where one square
                       2048 takes 17 s), so a rate may come from a smaller shape: `shape` says which.
@@ -15,7 +16,7 @@ Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable core
 
 Cached in $SWARM_CACHE_DIR (default ~/.cache/swarm)/machine-probe.json, one entry per `machine_key`: the CPU's
 model, cores, threads and torch's version. The key names what the numbers depend on and nothing about a run, so
-`dtype: auto` (issue 23) can pick a dtype from the same entry.
+the engine and the bench read the same entry.
 """
 from __future__ import annotations
 
@@ -29,8 +30,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
-from engine import cpu_has_native
 
 CALIBRATION_SHAPE = (128, 576, 1536)
 PREFILL_SHAPES = ((2048, 576, 1536), (2048, 2048, 2048))
@@ -82,11 +81,20 @@ class MachineProbe:
                    rates, data["read_bytes_per_s"], data["probe_s"], from_cache=True)
 
 
+def cpu_has_native(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies `dtype` on this CPU's own units (AVX512-BF16, AMX) rather than emulating it."""
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return True
+
+
 def machine_key(cpu: str, cores: int, threads: int, torch_version: str) -> str:
     return f"{cpu} | {cores} cores | {threads} threads | torch {torch_version}"
 
 
-def machine_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
+def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     """This machine's entry in the cache, or a fresh probe (stored there) where it has none or `reprobe`."""
     path = cache_path()
     entries = _read_cache(path)

@@ -1,0 +1,101 @@
+"""engine/prompt_matmul.py: prompt rows' bfloat16 products, checked against float64 products of the same
+bfloat16-rounded inputs, and the same bits for a row whatever rows come with it, through every linear layer."""
+import json
+import os
+
+import pytest
+import torch
+
+from engine import prompt_matmul
+from engine.linear import Linear, PackedLinear
+from engine.machine_probe import MachineProbe, MatmulRate, cache_path, cpu_has_native, cpu_model_name, machine_key
+from engine.quantized_layers import QuantizedLinear
+from kernels.cpu import onednn_linear, quant_matmul
+from kernels.reference.quant_matmul import DequantScratch
+from tests.helpers.random_blocks import gguf_values, random_weight
+
+pytestmark = pytest.mark.skipif(not prompt_matmul._fpmath_available(), reason="this torch has no fpmath mode")
+CPU = torch.device("cpu")
+ROW_COUNTS = (1, 3, 8, 64, 65, 300)
+ALL_ROWS = 320
+bf16_units = pytest.mark.skipif(not cpu_has_native(torch.bfloat16),
+                                reason="oneDNN ignores the bf16 mode without bf16 units")
+
+
+def layers() -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    dense = Linear(576, 384, bias=True)
+    layers = {"Linear": dense, "QuantizedLinear": QuantizedLinear(random_weight("Q4_1", 384, 576, seed=0), None,
+                                                                  DequantScratch())}
+    if onednn_linear.available():
+        layers["PackedLinear"] = PackedLinear(dense, 256)
+    return layers
+
+
+def weight_of(layer) -> torch.Tensor:
+    return gguf_values(layer.quantized) if isinstance(layer, QuantizedLinear) else layer.weight
+
+
+def in_prompt(layer, x: torch.Tensor, precision: str = "bfloat16") -> torch.Tensor:
+    with torch.inference_mode(), prompt_matmul.prompt_rows(precision):
+        return layer(x)
+
+
+@bf16_units
+@pytest.mark.parametrize("name", ["Linear", "QuantizedLinear"])
+def test_prompt_rows_multiply_bfloat16_inputs_with_float32_sums(name):
+    layer = layers()[name]
+    x = torch.randn(ROW_COUNTS[-1], 576, generator=torch.Generator().manual_seed(1))
+    rounded = x.bfloat16().double() @ weight_of(layer).bfloat16().double().T
+    if getattr(layer, "bias", None) is not None:
+        rounded += layer.bias.double()
+    got = in_prompt(layer, x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), rounded, rtol=1e-5, atol=1e-4)
+    exact = in_prompt(layer, x, "float32")
+    assert (got - exact).abs().max() > 1e-3   # the rounding is really there, and really off in float32
+
+
+@bf16_units
+@pytest.mark.parametrize("name", ["Linear", "QuantizedLinear", "PackedLinear"])
+def test_a_prompt_rows_bits_do_not_depend_on_the_rows_beside_it(name):
+    if name not in layers():
+        pytest.skip("no oneDNN in this torch")
+    layer = layers()[name]
+    x = torch.randn(ALL_ROWS, 576, generator=torch.Generator().manual_seed(2))
+    together = in_prompt(layer, x)
+    for count in ROW_COUNTS:
+        assert torch.equal(in_prompt(layer, x[-count:]), together[-count:]), f"{count} rows"
+
+
+def test_decode_rows_keep_the_float32_kernels_inside_a_prompt_step():
+    layer = layers()["QuantizedLinear"]
+    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode(), prompt_matmul.prompt_rows("bfloat16"):
+        with prompt_matmul.decode_rows():
+            decode = layer(x)
+        assert prompt_matmul.bfloat16_now()
+    if quant_matmul.available():
+        assert torch.equal(decode, quant_matmul.quant_matmul(x, layer.quantized))
+    assert torch.equal(decode, in_prompt(layer, x, "float32"))
+    assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # the process-wide flag is put back
+
+
+def write_probe(bf16_flop_s: float, native: bool = True) -> None:
+    probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
+                         {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
+                          "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native)}, 1e10, 1.0)
+    key = machine_key(cpu_model_name(), os.cpu_count() or 1, torch.get_num_threads(), torch.__version__)
+    cache_path().parent.mkdir(parents=True, exist_ok=True)
+    cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
+
+
+@pytest.mark.parametrize(("bf16_flop_s", "native", "expected"),
+                         [(3e11, True, "bfloat16"), (1.2e11, True, "float32"), (3e11, False, "float32")])
+def test_auto_takes_bfloat16_products_where_the_cached_probe_measured_them_faster(monkeypatch, tmp_path,
+                                                                                  bf16_flop_s, native, expected):
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    write_probe(bf16_flop_s, native)
+    assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
+    assert prompt_matmul.choose("float32", CPU, torch.float32) == "float32"
+    assert prompt_matmul.choose("auto", CPU, torch.bfloat16) == "float32"
