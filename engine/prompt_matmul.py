@@ -30,6 +30,8 @@ from typing import TypeVar
 
 import torch
 
+from engine.machine_probe import cached_probe
+
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
 PRECISIONS = ("float32", "bfloat16")
 
@@ -41,9 +43,7 @@ def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
     """"bfloat16" where this machine's prompts should take bfloat16 products, else "float32"."""
     if dtype_option != "auto" or device.type != "cpu" or dtype != torch.float32 or not _fpmath_available():
         return "float32"
-    from engine.machine_probe import cached_probe  # a few seconds, once per machine: then read from its cache
-
-    rates = cached_probe().matmul_flop_s
+    rates = cached_probe().matmul_flop_s   # a few seconds once per machine, then read from its cache
     bf16, f32 = rates.get("bfloat16"), rates.get("float32")
     faster = bf16 is not None and f32 is not None and bf16.native and bf16.flop_s >= BF16_SPEEDUP * f32.flop_s
     return "bfloat16" if faster else "float32"
@@ -66,15 +66,15 @@ def decode_rows():
     return prompt_rows("float32")
 
 
-def with_step_precision(product: Callable[..., Result], *args) -> Result:
-    """`product(*args)`, a matmul, in this step's precision."""
+def with_step_precision(product: Callable[..., Result], *args, **kwargs) -> Result:
+    """`product(*args, **kwargs)`, a matmul, in this step's precision."""
     if not getattr(_step, "bfloat16", False):
-        return product(*args)
+        return product(*args, **kwargs)
     settings = torch.backends.mkldnn.matmul
     before = settings.fp32_precision
     settings.fp32_precision = "bf16"
     try:
-        return product(*args)
+        return product(*args, **kwargs)
     finally:
         settings.fp32_precision = before
 

@@ -20,7 +20,7 @@ from engine import prompt_matmul
 from kernels.cpu import quant_matmul as cpu_kernel
 from kernels.reference import gguf_dequant
 from kernels.reference.quant_blocks import QuantizedTensor
-from kernels.reference.quant_matmul import DEFAULT_TILE_BYTES, DequantScratch, dequant_matmul
+from kernels.reference.quant_matmul import DequantScratch, dequant_matmul
 
 
 class QuantizedLinear(nn.Module):
@@ -43,7 +43,7 @@ class QuantizedLinear(nn.Module):
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
-                                                 DEFAULT_TILE_BYTES, self._expand)
+                                                 dequantize=self._expand)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"
