@@ -15,6 +15,7 @@ from engine.kv.cache import KVCache
 from engine.kv.device_memory import device_memory
 from engine.kv.sizing import size_kv_pool
 from engine.kv.stats import KVStats, collect_stats
+from engine.linear_attention.delta_rule_kernels import delta_rule_kernels
 from engine.linear_attention.state_pool import StatePool
 from engine.loading.build import load_model
 from engine.loading.context_length import with_context_length
@@ -61,9 +62,10 @@ class LLMEngine:
         # one block past the pool's: the scratch block padded rows of a decode graph write (engine.decode_graphs)
         kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.dtype, self.device)
         # a hybrid's linear layers keep a state per sequence, and snapshots of it where prompts end
-        self.states = StatePool.for_config(self.config, self.dtype, self.device) if self.config.is_hybrid else None
+        self.states = self._state_pool(options) if self.config.is_hybrid else None
+        self.delta_rule = delta_rule_kernels(self.device.type).name if self.config.is_hybrid else None
         self.blocks = BlockManager(BlockPool(num_blocks, options.block_size), options.enable_prefix_caching,
-                                   self.states, max_snapshots=options.max_num_seqs)
+                                   self.states, max_snapshots=max(1, options.max_num_seqs - 1))
         self.scheduler = Scheduler(self.blocks, options.max_num_seqs, options.max_num_batched_tokens,
                                    options.mixed_step_tokens)
         graphs = None if self.states is not None else decode_graphs.engine_settings(
@@ -73,6 +75,12 @@ class LLMEngine:
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
+
+    def _state_pool(self, options: EngineOptions) -> StatePool:
+        """On a GPU, a slot for each sequence the scheduler runs at once, made at start where kv sizing held the
+        memory back; on a CPU, a few slots that grow with use."""
+        on_gpu = self.device.type == "cuda"
+        return StatePool.for_config(self.config, self.dtype, self.device, options.max_num_seqs if on_gpu else 4)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str = "",
                     keep_kv: bool = False, prefill_only: bool = False) -> Sequence:
@@ -130,6 +138,7 @@ class LLMEngine:
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
             self.blocks.commit_written(seq, n)
             if seq.num_uncomputed_tokens:   # a prompt chunk with more to come
+                self.blocks.snapshot_progress(seq)
                 continue
             if not batch.is_decode_row(row):
                 self.blocks.snapshot_state(seq)
@@ -182,10 +191,14 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
-        precision of prompts' products and whether decode steps replay as graphs."""
-        return {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
-                "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
-                "decode_graphs": self.runner.graphs_state()}
+        precision of prompts' products, whether decode steps replay as graphs, and on a hybrid the gated delta
+        rule's kernels (torch or fla)."""
+        chosen = {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
+                  "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
+                  "decode_graphs": self.runner.graphs_state()}
+        if self.delta_rule is not None:
+            chosen["delta_rule"] = self.delta_rule
+        return chosen
 
     def _sample(self, seqs, rows, logits, result: StepResult) -> None:
         chosen = [seqs[r] for r in rows]

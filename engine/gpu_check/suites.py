@@ -3,7 +3,8 @@
     triton_tests   tests/kernels/triton with TRITON_INTERPRET unset: each kernel compiled for the card and
                    run on cuda tensors (the tests pick the device from TRITON_INTERPRET). With --allow-cpu
                    on a CPU they run interpreted, as everywhere else.
-    equivalence    the sharing on / off / alone tests (tests/engine/test_llm.py, test_kquant_models.py)
+    equivalence    the sharing on / off / alone tests (tests/engine/test_llm.py, test_kquant_models.py, and
+                   the hybrid's on a pinned trunk, test_hybrid_prefix_sharing.py)
                    with the engine's device left to "auto", so the card, in its dtype (bfloat16). Where
                    bfloat16 rounding flips a near-tie, the failed tests run again in float32 on the card
                    (tests/engine/conftest.py reads DTYPE_ENV), and the report says which dtype passed.
@@ -22,8 +23,10 @@ from engine.gpu_check.pytest_run import PytestRun, run_pytest_parallel
 DTYPE_ENV = "SWARM_TEST_DTYPE"
 TRITON_TESTS = {False: ["tests/kernels/triton"],     # --quick: float32, and Q4_K of the block formats
                 True: ["tests/kernels/triton", "-k", "Q4_K or float32 or dtype0"]}
-EQUIVALENCE_FILES = ["tests/engine/test_llm.py", "tests/engine/test_kquant_models.py"]
-EQUIVALENCE_TESTS = {False: [*EQUIVALENCE_FILES, "-k", "sharing_on_off"],   # --quick: Qwen3 and the Q4_K_M file
+# the Qwen3.5 hybrid's (float32, on fla's kernels where fla-core is installed) beside the full-attention models'
+EQUIVALENCE_FILES = ["tests/engine/test_llm.py", "tests/engine/test_kquant_models.py",
+                     "tests/engine/test_hybrid_prefix_sharing.py"]
+EQUIVALENCE_TESTS = {False: [*EQUIVALENCE_FILES, "-k", "sharing_on_off or pinned_trunk"],   # --quick: Qwen3, Q4_K_M
                      True: [*EQUIVALENCE_FILES, "-k", "sharing_on_off and (qwen3 or q4_k_m)"]}
 MARGIN_SECONDS = 5      # left to the part to write its report after pytest
 GPU_WORKERS = 8         # pytest processes at once on a card's host (Triton compiles on its CPU cores)

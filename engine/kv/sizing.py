@@ -23,7 +23,7 @@ import torch
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache, blocks_for_budget
 from engine.kv.device_memory import DeviceMemory
-from engine.linear_attention.state_pool import StatePool, state_bytes_per_sequence
+from engine.linear_attention.state_pool import StatePool, state_reserve_bytes
 from engine.loading.config import ModelConfig, kv_bytes_per_token
 from engine.model import CausalLM
 from engine.model_runner import ModelRunner
@@ -79,19 +79,13 @@ def size_kv_pool(net: CausalLM, config: ModelConfig, options: EngineOptions, dty
     else:
         peak = profile_peak(net, config, options, dtype, device, memory)
         free = memory.free_bytes()
-        reserve = RUNTIME_RESERVE_BYTES + state_reserve_bytes(config, options, dtype)
+        reserve = RUNTIME_RESERVE_BYTES + state_reserve_bytes(config, options.max_num_seqs, dtype.itemsize)
         fits = max(0, (free - peak - reserve) // block_bytes)
         limited_by = "kv_budget" if budget is not None and budget < fits else "memory"
         sizing = KVSizing(min(fits, budget or fits), options.block_size, block_bytes, limited_by,
                           free, peak, reserve)
     check_floor(sizing, options.kv_floor)
     return sizing
-
-
-def state_reserve_bytes(config: ModelConfig, options: EngineOptions, dtype: torch.dtype) -> int:
-    """A hybrid's linear state beside its KV: a slot for each of max_num_seqs sequences, and as many snapshots
-    (the unpinned ones the block manager keeps, engine.linear_attention.snapshot_pool). 0 for other models."""
-    return 2 * options.max_num_seqs * state_bytes_per_sequence(config, dtype.itemsize)
 
 
 def check_floor(sizing: KVSizing, floor: KVFloor | None) -> None:

@@ -8,7 +8,7 @@ state (`LinearState`) carried in and handed back updated.
     out = out_proj(RMSNorm(o)·silu(z)), the norm over each value head
 
 A sequence with one token in the batch (a decode step, or a one-token prefill chunk) takes the recurrent step,
-batched with the others like it; a sequence with more takes the chunked rule, one sequence at a time. Both give
+batched with the others like it; the sequences with more take the chunked rule together. Both give
 the same outputs and state to rounding, so where a prompt is cut does not matter.
 """
 from __future__ import annotations
@@ -22,11 +22,8 @@ from torch import nn
 
 from engine.errors import UnsupportedArchitectureError
 from engine.linear import Linear
-from engine.linear_attention.gated_delta_rule import (
-    chunked_gated_delta_rule,
-    l2_normalize,
-    recurrent_gated_delta_step,
-)
+from engine.linear_attention.delta_rule_kernels import delta_rule_kernels
+from engine.linear_attention.gated_delta_rule import l2_normalize
 from engine.linear_attention.short_conv import causal_conv1d, causal_conv1d_step
 
 
@@ -120,24 +117,27 @@ class GatedDeltaNet(nn.Module):
 
 def run_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    seq_lens: list[int], states: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The rule over a packed batch: one batched recurrent step for the one-token sequences, the chunked rule for
-    each longer one. Returns out [tokens, value_heads, v_dim] and each sequence's new recurrent state."""
+    """The rule over a packed batch, on the kernels for its device (engine.linear_attention.delta_rule_kernels):
+    one batched recurrent step for the one-token sequences, one call of the chunked rule for the longer ones.
+    Returns out [tokens, value_heads, v_dim] and each sequence's new recurrent state."""
+    kernels = delta_rule_kernels(v.device.type)
     out = v.new_empty(v.shape)
     new_states = list(states)
-    starts = list(accumulate(seq_lens, initial=0))[:-1]
+    starts = list(accumulate(seq_lens, initial=0))
     single = [i for i, length in enumerate(seq_lens) if length == 1]
-    if single:
-        rows = torch.tensor([starts[i] for i in single], device=v.device)
-        step_out, stepped = recurrent_gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows],
-                                                       torch.stack([states[i] for i in single]))
-        out[rows] = step_out
-        for i, state in zip(single, stepped.unbind()):
+    longer = [i for i, length in enumerate(seq_lens) if length > 1]
+    for chosen in (single, longer):
+        if not chosen:
+            continue
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in chosen]).to(v.device)
+        inputs = (q[rows], k[rows], v[rows], g[rows], beta[rows])
+        before = torch.stack([states[i] for i in chosen])
+        if chosen is single:
+            out[rows], after = kernels.step(*inputs, before)
+        else:
+            out[rows], after = kernels.prompts(*inputs, [seq_lens[i] for i in chosen], before)
+        for i, state in zip(chosen, after.unbind()):
             new_states[i] = state
-    for i, (start, length) in enumerate(zip(starts, seq_lens)):
-        if length > 1:
-            tokens = slice(start, start + length)
-            out[tokens], new_states[i] = chunked_gated_delta_rule(q[tokens], k[tokens], v[tokens], g[tokens],
-                                                                  beta[tokens], states[i])
     return out, new_states
 
 

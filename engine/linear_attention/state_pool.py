@@ -8,7 +8,9 @@ A sequence takes a slot (zeros: the state before its first token) when its KV is
 when its KV is freed (finished, preempted, evicted while paused): engine.kv.block_manager calls both, so a
 slot lives exactly as long as the blocks whose tokens it summarises. The state cannot be rewound, so a sequence
 that starts from cached blocks (another's prefix, or its own after preemption) starts from a snapshot of the state
-where they end (engine.linear_attention.snapshot_pool), copied into its fresh slot. The pool grows by doubling.
+where they end (engine.linear_attention.snapshot_pool), copied into its fresh slot. The pool grows by doubling;
+on a GPU it starts with a slot for each sequence the scheduler runs at once (what engine.kv.sizing held back for
+it), so it grows only for sequences paused beyond those.
 """
 from __future__ import annotations
 
@@ -29,6 +31,13 @@ def state_bytes_per_sequence(config: ModelConfig, dtype_bytes: int) -> int:
     return len(config.linear_layers) * (conv + recurrent)
 
 
+def state_reserve_bytes(config: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
+    """What a GPU engine holds back for a hybrid's state: a slot for each of its max_num_seqs sequences and as
+    many snapshots (engine.linear_attention.snapshot_pool keeps the pinned trunk's and max_num_seqs − 1 others).
+    0 for a model with KV only."""
+    return 2 * max_num_seqs * state_bytes_per_sequence(config, dtype_bytes)
+
+
 class StatePool:
     def __init__(self, num_layers: int, conv_shape: tuple[int, int], recurrent_shape: tuple[int, int, int],
                  dtype: torch.dtype, device: torch.device, capacity: int = 4):
@@ -38,12 +47,13 @@ class StatePool:
         self.free_slots = list(range(capacity - 1, -1, -1))
 
     @classmethod
-    def for_config(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> "StatePool":
+    def for_config(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                   capacity: int = 4) -> "StatePool":
         shape = config.linear_attention
         assert shape is not None, "a state pool is for a model with linear-attention layers"
         return cls(len(config.linear_layers), (shape.conv_dim, shape.linear_conv_kernel_dim - 1),
                    (shape.linear_num_value_heads, shape.linear_key_head_dim, shape.linear_value_head_dim),
-                   dtype, device)
+                   dtype, device, capacity)
 
     @property
     def capacity(self) -> int:
@@ -91,9 +101,10 @@ class StatePool:
         self.recurrent[:, dst] = source.recurrent[:, src]
 
     def empty_like(self) -> "StatePool":
-        """A pool of slots of the same shapes, none taken: the snapshots' (engine.linear_attention.snapshot_pool)."""
+        """A pool of as many slots of the same shapes, none taken: the snapshots'
+        (engine.linear_attention.snapshot_pool)."""
         return StatePool(self.conv.shape[0], tuple(self.conv.shape[2:]), tuple(self.recurrent.shape[2:]),
-                         self.conv.dtype, self.conv.device)
+                         self.conv.dtype, self.conv.device, self.capacity)
 
     def for_step(self, seq_ids: list[int]) -> "StepStates":
         return StepStates(self, [self.slot_of[seq_id] for seq_id in seq_ids])

@@ -79,8 +79,8 @@ def inspect_prefix_cmd(
 
     KV memory: bytes per token, one copy of the trunk, N copies, freed by sharing, share of the budget.
 
-    Weights and card (--weights, --card): the weights' bytes, the card, the runtime reserve and the KV
-    budget they leave, which the memory table is then sized against.
+    Weights and card (--weights, --card): the weights' bytes, the card, the runtime reserve, a hybrid's
+    linear state for the agents, and the KV budget they leave, which the memory table is then sized against.
 
     Example: swarm inspect-prefix swarm.yaml --model-config Qwen3-8B --agents 8 --budget 8.09GB
 
@@ -220,8 +220,16 @@ def _card_line(card: CardBudget, bytes_per_token: int) -> str:
     return (f"card {format_bytes(card.card_bytes)} − weights {format_bytes(card.weights.total_bytes)} − runtime "
             f"reserve {format_bytes(card.reserve_bytes)} ({format_bytes(card.runtime_bytes)} for the runtime + "
             f"{format_bytes(card.activation_bytes)} of activations in a {card.prefill_tokens:,}-token prefill step) "
-            "= KV budget "
+            f"{_state_term(card)}= KV budget "
             f"[bold]{format_bytes(card.budget_bytes)}[/] = {card.budget_bytes // bytes_per_token:,} tokens")
+
+
+def _state_term(card: CardBudget) -> str:
+    if not card.state_bytes:
+        return ""
+    return (f"− linear state {format_bytes(card.state_bytes)} ({card.state_slots} slots of "
+            f"{format_bytes(card.state_bytes // card.state_slots)}: each agent's and the trunk's, and as many "
+            "snapshots) ")
 
 
 def _agents_table(report: PrefixReport) -> Table:

@@ -14,6 +14,7 @@ import typer
 
 from engine import DEFAULT_MODEL, WEIGHT_SCHEMES, OptionError, SwarmError
 from swarm.server.loopback import bind
+from swarm.spec.kv_budget import run_sequences
 
 TRUNK_REQUEST_ID = "trunk"
 
@@ -29,6 +30,7 @@ class ServeSettings:
     graphs: bool = True
     canonicalize: bool = False
     max_model_len: int | None = None
+    max_num_seqs: int | None = None   # None: the engine's default
 
 
 def serve(
@@ -55,6 +57,11 @@ def serve(
                                       help="The context served: prompt and reply together. Shorter than the model's "
                                            "trained context always; longer with a warning, as replies past the trained "
                                            "length may degrade. Default: the model's trained context."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1, metavar="N", show_default=False,
+                                     help="Requests computed at once; more wait their turn. On a GPU the engine "
+                                          "sizes its largest step by it, and on a hybrid model (Qwen3.5) holds back "
+                                          "two state slots a request (one live, one snapshot: 98 MiB on Qwen3.5-9B). "
+                                          "Default: the spec's agents + 1 (the trunk), else 64."),
     served_model_name: str = typer.Option(None, "--served-model-name", show_default=False,
                                           help="The model id clients send and /v1/models lists. "
                                                "Default: the model as given."),
@@ -87,7 +94,7 @@ def serve(
     """
     _check_log_level(log_level)
     swarm_spec = _load_spec(spec, model) if spec is not None else None
-    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs, canonicalize)
+    settings = _settings(swarm_spec, model, device, dtype, weights, kv_budget, no_graphs, canonicalize, max_num_seqs)
     settings.max_model_len = max_model_len
     listener = bind(host, port)
     try:
@@ -110,7 +117,8 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
                                                      kv_budget_tokens=settings.kv_budget_tokens,
                                                      kv_budget_bytes=settings.kv_budget_bytes,
                                                      cuda_graphs=settings.graphs,
-                                                     max_model_len=settings.max_model_len))
+                                                     max_model_len=settings.max_model_len,
+                                                     **_sequence_limit(settings)))
     served = ServedModel(name, aliases={settings.model, engine.source.display_name, str(engine.source.path)})
     if spec is not None:
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))
@@ -176,8 +184,13 @@ def _load_spec(path: Path, model: str | None):
     return spec
 
 
+def _sequence_limit(settings: ServeSettings) -> dict:
+    return {} if settings.max_num_seqs is None else {"max_num_seqs": settings.max_num_seqs}
+
+
 def _settings(spec, model: str | None, device: str | None, dtype: str | None, weights: str | None,
-              kv_budget: str | None, no_graphs: bool = False, canonicalize: bool = False) -> ServeSettings:
+              kv_budget: str | None, no_graphs: bool = False, canonicalize: bool = False,
+              max_num_seqs: int | None = None) -> ServeSettings:
     from swarm.spec.kv_budget import parse_kv_budget
 
     budget = spec.kv_budget if spec is not None else None
@@ -195,7 +208,8 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None, we
                          kv_budget_tokens=budget.tokens if budget else None,
                          kv_budget_bytes=budget.bytes if budget else None,
                          graphs=not no_graphs and (spec.graphs if spec else True),
-                         canonicalize=canonicalize or bool(spec and spec.canonicalize))
+                         canonicalize=canonicalize or bool(spec and spec.canonicalize),
+                         max_num_seqs=max_num_seqs or (run_sequences(len(spec.agents)) if spec is not None else None))
 
 
 def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:
@@ -203,7 +217,7 @@ def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:
     info = {"url": f"http://{_url_host(host)}:{port}/v1", "model": served.name, "host": host, "port": port,
             "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
             "weights": engine.weights.to_json(), "kv_tokens": engine.kv_capacity_tokens, "trunk_tokens": served.trunk_tokens,
-            "trunk_blocks": served.trunk_blocks}
+            "trunk_blocks": served.trunk_blocks, "max_num_seqs": engine.scheduler.max_num_seqs}
     if as_json:
         print(json.dumps(info), flush=True)
         return

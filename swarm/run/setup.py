@@ -17,6 +17,7 @@ from swarm.agents.agent import Agent, AgentEvent, AgentLimits
 from swarm.agents.tools import TOOLS, ToolBox
 from swarm.agents.workspace import Workspace, prepare_workspace
 from swarm.spec.harness import load_harness
+from swarm.spec.kv_budget import run_sequences
 from swarm.spec.schema import AgentSpec, SwarmSpec
 from swarm.trunk.canonical import TrunkSource, trunk_source
 from swarm.trunk.suffix import Environment
@@ -74,11 +75,13 @@ def _check_commands(spec: SwarmSpec, tool_names: list[str]) -> None:
 
 
 def engine_options(spec: SwarmSpec, kv_floor: KVFloor | None = None) -> EngineOptions:
-    """The engine the spec asks for: device, dtype, weights, graphs and its KV budget."""
+    """The engine the spec asks for: device, dtype, weights, graphs, its KV budget, and as many sequences at once
+    as the run has (what a GPU engine sizes its profile step and a hybrid model's state by)."""
     budget = spec.kv_budget
     return EngineOptions(device=spec.device, dtype=spec.dtype, weights=spec.weights, cuda_graphs=spec.graphs,
                          kv_budget_tokens=budget.tokens if budget else None,
-                         kv_budget_bytes=budget.bytes if budget else None, kv_floor=kv_floor)
+                         kv_budget_bytes=budget.bytes if budget else None, kv_floor=kv_floor,
+                         max_num_seqs=run_sequences(len(spec.agents)))
 
 
 def sampling_params(spec: SwarmSpec, index: int) -> SamplingParams:

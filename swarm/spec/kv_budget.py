@@ -89,6 +89,12 @@ def min_pool_tokens(trunk_tokens: int, longest_prompt: int, block_size: int) -> 
     return (trunk_blocks + own_blocks + 1) * block_size
 
 
+def run_sequences(agents: int) -> int:
+    """The sequences a run of `agents` agents holds at once: each agent's, and the trunk's (kept, pinned): what a
+    GPU engine sizes its profile step and a hybrid model's state reserve by."""
+    return agents + 1
+
+
 def format_bytes(n: int | float) -> str:
     """Decimal units, two decimals, the way the article writes them: 0.59 GB."""
     for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):

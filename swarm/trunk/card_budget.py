@@ -1,6 +1,6 @@
 """The KV budget a card leaves once the weights and the runtime have their share (`inspect-prefix --card`):
 
-    KV budget       = card - weights - runtime reserve
+    KV budget       = card - weights - runtime reserve - linear state (a hybrid model's: Qwen3.5)
     runtime reserve = RUNTIME_RESERVE_BYTES (1 GiB, engine.options: the GPU driver's context with the
                       kernels loaded, workspaces, fragmentation, logits; the engine reserves the same)
                     + the activations of one prefill step (the engine's max_num_batched_tokens, 2,048):
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine import RUNTIME_RESERVE_BYTES
-from swarm.spec.kv_budget import format_bytes
+from swarm.spec.kv_budget import format_bytes, run_sequences
 
 if TYPE_CHECKING:
     from engine import ModelConfig, WeightMemory
@@ -36,6 +36,8 @@ class CardBudget:
     runtime_bytes: int
     activation_bytes: int
     prefill_tokens: int
+    state_bytes: int = 0     # a hybrid's linear state for the run's sequences
+    state_slots: int = 0
 
     @property
     def reserve_bytes(self) -> int:
@@ -43,26 +45,34 @@ class CardBudget:
 
     @property
     def budget_bytes(self) -> int:
-        return self.card_bytes - self.weights.total_bytes - self.reserve_bytes
+        return self.card_bytes - self.weights.total_bytes - self.reserve_bytes - self.state_bytes
 
     def to_json(self, bytes_per_token: int) -> dict:
         return {"card_bytes": self.card_bytes, "weights_bytes": self.weights.total_bytes,
                 "reserve_bytes": self.reserve_bytes, "runtime_bytes": self.runtime_bytes,
                 "activation_bytes": self.activation_bytes, "prefill_tokens": self.prefill_tokens,
+                "state_bytes": self.state_bytes, "state_slots": self.state_slots,
                 "budget_bytes": self.budget_bytes, "budget_tokens": self.budget_bytes // bytes_per_token}
 
 
-def card_budget(card_bytes: int, weights: WeightMemory, config: ModelConfig, dtype_bytes: int) -> CardBudget:
-    """What `card_bytes` leaves for KV; CardTooSmall (one line, what to change) when it leaves nothing."""
-    from engine import EngineOptions
+def card_budget(card_bytes: int, weights: WeightMemory, config: ModelConfig, dtype_bytes: int,
+                agents: int = 1) -> CardBudget:
+    """What `card_bytes` leaves for KV beside a run of `agents` agents; CardTooSmall (one line, what to change)
+    when it leaves nothing."""
+    from engine import EngineOptions, state_bytes_per_sequence, state_reserve_bytes
 
     tokens = EngineOptions().max_num_batched_tokens
+    sequences = run_sequences(agents)
+    state = state_reserve_bytes(config, sequences, dtype_bytes)
     card = CardBudget(card_bytes, weights, RUNTIME_RESERVE_BYTES,
-                      prefill_activation_bytes(config, dtype_bytes, tokens), tokens)
+                      prefill_activation_bytes(config, dtype_bytes, tokens), tokens, state,
+                      2 * sequences if state_bytes_per_sequence(config, dtype_bytes) else 0)
     if card.budget_bytes <= 0:
+        state_note = f" and {agents} agents' linear state ({format_bytes(state)})" if state else ""
         raise CardTooSmall(f"{format_bytes(card_bytes)} holds no KV cache beside the weights "
-                         f"({format_bytes(weights.total_bytes)}, {weights.label}) and the runtime reserve "
-                         f"({format_bytes(card.reserve_bytes)}); give a bigger card, or smaller weights with --weights")
+                         f"({format_bytes(weights.total_bytes)}, {weights.label}), the runtime reserve "
+                         f"({format_bytes(card.reserve_bytes)}){state_note}; give a bigger card, fewer agents, "
+                         "or smaller weights with --weights")
     return card
 
 

@@ -18,7 +18,10 @@ every agent starts from. So, with S = 0 for every other model:
     one copy  = T x B + S        (the trunk's KV and its snapshot, held once)
     N copies  = N x T x B        (each agent's own trunk KV; their states are the same N x S either way)
     freed     = (N - 1) x T x B - S
-    private   = (budget - N x S) / B / N - T,   more agents = freed / (private x B + S)
+    private   = budget / B / N - T,   more agents = freed / (private x B + S)
+
+The budget is the KV pool's, as the engine's kv_budget is: the states lie beside it (the engine holds them back
+from a card's memory before it sizes the pool, swarm/trunk/card_budget.py).
 """
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ def memory_row(label: str, trunk_tokens: int, bytes_per_token: int, agents: int,
     freed = (agents - 1) * trunk_kv - state_bytes   # the snapshot is the one state sharing adds
     freed_tokens = max(freed, 0) // bytes_per_token
     private = private_tokens if private_tokens is not None else _private_tokens(
-        trunk_tokens, bytes_per_token, agents, budget_bytes, state_bytes)
+        trunk_tokens, bytes_per_token, agents, budget_bytes)
     return MemoryRow(
         label=label,
         trunk_tokens=trunk_tokens,
@@ -96,10 +99,9 @@ def memory_row(label: str, trunk_tokens: int, bytes_per_token: int, agents: int,
     )
 
 
-def _private_tokens(trunk_tokens: int, bytes_per_token: int, agents: int,
-                    budget_bytes: int | None, state_bytes: int = 0) -> int | None:
-    """Context beyond the trunk each agent gets when every agent stores its own trunk copy (and its state)."""
+def _private_tokens(trunk_tokens: int, bytes_per_token: int, agents: int, budget_bytes: int | None) -> int | None:
+    """Context beyond the trunk each agent gets when every agent stores its own trunk copy."""
     if not budget_bytes:
         return None
-    private = (budget_bytes - agents * state_bytes) // bytes_per_token // agents - trunk_tokens
+    private = budget_bytes // bytes_per_token // agents - trunk_tokens
     return private if private > 0 else None

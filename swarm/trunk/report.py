@@ -149,9 +149,10 @@ def inspect_prefix(spec_path: str | Path | None, sizing: Sizing = Sizing()) -> P
     dtype = _kv_dtype(spec, sizing)
     bytes_per_token = config.kv_bytes_per_token(dtype)
     weights = _weights(spec, config, sizing, dtype) if sizing.weights or sizing.card_bytes else None
-    card = card_budget(sizing.card_bytes, weights.memory, config, DTYPE_BYTES[dtype]) if sizing.card_bytes else None
-    trunk_tokens = len(rendered.prompts.trunk.token_ids) if rendered else None
     agents = sizing.agents or (len(spec.agents) if spec else DEFAULT_AGENTS)
+    card = card_budget(sizing.card_bytes, weights.memory, config, DTYPE_BYTES[dtype], agents) \
+        if sizing.card_bytes else None
+    trunk_tokens = len(rendered.prompts.trunk.token_ids) if rendered else None
     table = memory_table(bytes_per_token, agents, trunk_tokens, _budget_bytes(spec, sizing, card, bytes_per_token),
                          dtype, sizing.references, sizing.private_tokens, state_bytes(config, dtype))
     return PrefixReport(

@@ -2,20 +2,14 @@
 transformers are in test_model.py, over every variant): the KV pool holds only the full-attention layers, and
 the greedy tokens do not depend on batching, on how a prompt is cut into chunks, or on preemption (prefix
 sharing, from snapshots of the linear state: test_hybrid_prefix_sharing.py)."""
-import random
-
 import torch
 
 from engine import LLM, SamplingParams
 from engine.hybrid_model import GatedAttention, HybridCausalLM, ZeroCentredRMSNorm
+from tests.helpers.engine_runs import prompts_of, run_with_logits
 from tests.helpers.tiny_models import load_reference
 
 BLOCK = 16
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, 300) for _ in range(length)] for length in lengths]
 
 
 def test_the_kv_pool_holds_only_the_full_attention_layers(tiny_model_dir):
@@ -45,23 +39,6 @@ def test_four_prompts_batched_and_in_mixed_steps_give_the_logits_and_tokens_each
     for (_, logits), (_, logits_alone) in zip(batched, alone):
         torch.testing.assert_close(logits, logits_alone, atol=1e-4, rtol=1e-4)
     assert engine.states.slots_in_use == 0
-
-
-def run_with_logits(engine, prompts: list[list[int]], params: SamplingParams):
-    """Each prompt's greedy tokens and the logits they came from, all run together; and how many steps
-    computed prompt tokens beside decode rows."""
-    seqs = [engine.add_request(prompt, params) for prompt in prompts]
-    logits = {seq.seq_id: [] for seq in seqs}
-    mixed_steps = 0
-    while not all(seq.is_finished for seq in seqs):
-        decoding = [seq for seq in seqs if seq.num_output_tokens and not seq.is_finished]
-        result = engine.step()
-        mixed_steps += bool(result.prompt_tokens and decoding)
-        for (seq, _), row in zip(result.new_tokens, result.logits if result.logits is not None else []):
-            logits[seq.seq_id].append(row)
-    for seq in seqs:
-        engine.release(seq)
-    return [(seq.output_token_ids, torch.stack(logits[seq.seq_id])) for seq in seqs], mixed_steps
 
 
 def test_a_prompt_longer_than_a_prefill_chunk_gives_the_tokens_of_one_chunk_and_the_logits_of_transformers(

@@ -1,17 +1,11 @@
 """Prefix sharing on Qwen3.5 hybrids (tiny random models, float32): a trunk prefilled and pinned as `swarm run`
 does is computed once, its linear state snapshotted once and copied into each request that starts with it, and
 the greedy tokens are those of sharing off, of each request alone, and of a pool too small to hold them all."""
-import random
-
 from engine import LLM, SamplingParams
+from tests.helpers.engine_runs import prompts_of
 
 BLOCK = 16
 TRUNK = 45   # ends inside its third block
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, 300) for _ in range(length)] for length in lengths]
 
 
 def trunk_and_prompts(num: int = 8) -> tuple[list[int], list[list[int]]]:
@@ -121,3 +115,26 @@ def test_requests_added_beside_their_trunk_wait_for_its_snapshot_and_others_do_n
         engine.step()
     assert [seq.num_cached_tokens for seq in on_trunk] == [TRUNK] * len(prompts)
     assert engine.prompt_tokens_computed == TRUNK + apart.num_prompt_tokens + sum(len(p) - TRUNK for p in prompts)
+
+
+def test_a_prompt_preempted_between_its_chunks_starts_again_from_its_last_chunk(tiny_model_dir):
+    """The state is kept at each prefill chunk's end until the next chunk's end replaces it: a prompt preempted
+    mid-way recomputes only what came after, gives the tokens of one chunk, and leaves one snapshot, its end's."""
+    folder = str(tiny_model_dir("qwen3_5"))
+    prompt = prompts_of([150], seed=15)[0]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    whole = LLM(folder, dtype="float32", kv_budget_tokens=1024).generate([prompt], params)[0].token_ids
+    engine = LLM(folder, dtype="float32", kv_budget_tokens=1024, max_num_batched_tokens=32).engine
+    seq = engine.add_request(prompt, params)
+    for _ in range(3):
+        engine.step()
+    snapshots = engine.blocks.snapshots
+    assert seq.num_computed_tokens == 96 and snapshots.num_held == 1   # the last chunk's only
+    engine.scheduler._preempt(seq)   # what a full pool does to the youngest sequence
+    assert seq.num_computed_tokens == 0 and not seq.block_table
+    while not seq.is_finished:
+        engine.step()
+    assert seq.num_cached_tokens == 96 and engine.prompt_tokens_computed == len(prompt)
+    assert seq.output_token_ids == whole
+    assert snapshots.num_held == 1 and snapshots.num_restored == 1
+    assert snapshots.num_taken == 5   # chunk ends 32, 64, 96, 128, then the prompt's end at 150

@@ -155,10 +155,18 @@ def test_canonicalize_comes_from_the_flag_or_the_spec(tmp_path):
     assert _settings(load(tmp_path, MINIMAL + "canonicalize: true\n"), None, None, None, None, None).canonicalize
 
 
+def test_requests_at_once_come_from_the_flag_or_the_spec_s_agents_and_the_trunk(tmp_path):
+    assert _settings(None, "m", None, None, None, None).max_num_seqs is None   # the engine's default
+    assert _settings(load(tmp_path, MINIMAL), None, None, None, None, None).max_num_seqs == 3 + 1
+    assert _settings(load(tmp_path, MINIMAL), None, None, None, None, None, max_num_seqs=12).max_num_seqs == 12
+
+
 def test_max_model_len_past_the_trained_context_is_served_with_a_warning(model_dir):
     trained = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
     doubled = str(trained * 2)
-    with serve_cli("--model", str(model_dir), "--device", "cpu", "--max-model-len", doubled) as (info, process):
+    with serve_cli("--model", str(model_dir), "--device", "cpu", "--max-model-len", doubled,
+                   "--max-num-seqs", "5") as (info, process):
         card = httpx.get(info["url"] + "/models").json()["data"][0]
+    assert info["max_num_seqs"] == 5
     assert card["max_model_len"] == trained * 2
     assert f"beyond the {trained} tokens this model was trained for" in process.stderr.read()

@@ -2,7 +2,7 @@ import pytest
 
 from engine.errors import SpecError
 from swarm.run.local_backend import first_turns
-from swarm.run.setup import TURN_STOP, make_agents, prepare_ground
+from swarm.run.setup import TURN_STOP, engine_options, make_agents, prepare_ground
 from swarm.spec.schema import load_spec
 from swarm.trunk.canonical import build_prompts
 from tests.helpers.runs import EXAMPLE_WORKSPACE, tiny_tokenizer, write_run_spec
@@ -58,3 +58,8 @@ def test_shared_readonly_with_run_command_is_refused_with_a_fix(tmp_path):
     with pytest.raises(SpecError, match="run_command.enabled: false or workspace.mode: copy"):
         spec_in(tmp_path, **{"mode: copy": "mode: shared-readonly", "harness: tiny-harness.json": "",
                              "enabled: false": "enabled: true"})
+
+
+def test_the_engine_runs_as_many_sequences_at_once_as_the_run_has_agents_and_a_trunk(tmp_path):
+    """What a GPU engine sizes its profile step and a hybrid's state reserve by (engine.kv.sizing)."""
+    assert engine_options(spec_in(tmp_path)).max_num_seqs == 2 + 1

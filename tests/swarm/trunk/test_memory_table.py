@@ -107,9 +107,10 @@ def test_qwen35_9b_table_counts_the_trunks_snapshot_once_and_every_agents_state(
     assert row.freed_tokens == 7 * 4000 - 1572 == 26_428
     assert row.more_context_per_agent == 26_428 // 8 == 3_303
     assert row.budget_share == pytest.approx(865_992_704 / 8.09e9)
-    # unshared, each agent's share of the budget less its state: (8.09 GB - 8 x 51.5 MB) / 32,768 B / 8 - 4,000
-    assert row.private_tokens_per_agent == (8_090_000_000 - 8 * 51_511_296) // 32_768 // 8 - 4000 == 25_288
-    assert row.more_agents == 865_992_704 // (25_288 * 32_768 + 51_511_296) == 0
+    # unshared, each agent's share of the KV budget (the states lie beside it, as the engine keeps them):
+    # 8.09 GB / 32,768 B / 8 - 4,000
+    assert row.private_tokens_per_agent == 8_090_000_000 // 32_768 // 8 - 4000 == 26_860
+    assert row.more_agents == 865_992_704 // (26_860 * 32_768 + 51_511_296) == 0
     assert table.agent_state_bytes == 8 * 51_511_296 and table.state_bytes_per_agent == QWEN35_STATE
 
 
