@@ -138,7 +138,6 @@ class LLMEngine:
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
             self.blocks.commit_written(seq, n)
             if seq.num_uncomputed_tokens:   # a prompt chunk with more to come
-                self.blocks.snapshot_progress(seq)
                 continue
             if not batch.is_decode_row(row):
                 self.blocks.snapshot_state(seq)

@@ -127,8 +127,8 @@ class Scheduler:
         """Drop a sequence wherever it is, freeing its blocks."""
         self._dequeue(seq)
         self.paused.pop(seq.seq_id, None)
-        seq.status = SequenceStatus.FINISHED
         self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
 
     def _next_admissible(self, batch: ScheduledBatch) -> Sequence | None:
         """The first waiting request that would not gain a block or more of cache hits by

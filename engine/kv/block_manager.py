@@ -14,7 +14,7 @@ engine.linear_attention.state_pool), taken at admit() and given back at free() w
 cannot be rewound, so a cached prefix is only of use up to a position whose state was kept:
 
     snapshot_state() at a prompt's end   keep a copy of the state there (engine.linear_attention.snapshot_pool)
-    snapshot_progress() at a chunk's end keep one there until the prompt's next chunk ends (for a preemption)
+    free()                               and where a sequence stops (finished, preempted, evicted)
     match_prefix()                       stop at the deepest snapshot inside the matched blocks
     admit()                              copy that snapshot into the sequence's fresh slot
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from engine.kv.block_pool import ROOT_HASH, BlockPool, common_prefix
 from engine.linear_attention.snapshot_pool import SnapshotPool
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from engine.linear_attention.state_pool import StatePool
@@ -58,7 +58,6 @@ class BlockManager:
         if states is not None and enable_prefix_caching:
             self.snapshots = SnapshotPool(states.empty_like(), pool.is_pinned, max_snapshots)
             pool.forget_listeners.append(self.snapshots.forget_block)
-        self.progress: dict[int, int] = {}   # seq_id -> its prompt's progress snapshot (snapshot_progress)
         self.lookup_tokens = 0
         self.hit_tokens = 0
 
@@ -152,35 +151,15 @@ class BlockManager:
             self.pool.record_tokens(seq.block_table[index], parent, tokens)
 
     def snapshot_state(self, seq: Sequence) -> None:
-        """On a hybrid, keep a copy of `seq`'s state where its computed tokens end (its prompt's end), keyed
-        by their content hash, so a prompt starting with them starts there."""
+        """On a hybrid, keep a copy of `seq`'s state where its computed tokens end (its prompt's end, or where it
+        stopped when its blocks are freed), keyed by their content hash, so a prompt starting with them starts
+        there."""
         if self.snapshots is None or not seq.num_computed_tokens:
             return
-        self._take_snapshot(seq, transient=False)
-        self._forget_progress(seq)
-
-    def snapshot_progress(self, seq: Sequence) -> None:
-        """On a hybrid, `seq`'s prompt has more chunks to come: keep its state here until the next chunk's end
-        replaces it, so that if it is preempted before its prompt ends it starts again from here."""
-        if self.snapshots is None:
-            return
-        key = self._take_snapshot(seq, transient=True)
-        previous = self.progress.pop(seq.seq_id, None)
-        if previous is not None and previous != key:
-            self.snapshots.drop_transient(previous)
-        self.progress[seq.seq_id] = key
-
-    def _take_snapshot(self, seq: Sequence, transient: bool) -> int:
         end, size = seq.num_computed_tokens, self.block_size
         index = (end - 1) // size
         parent = ROOT_HASH if index == 0 else self.pool.block_hash(seq.block_table[index - 1])
-        return self.snapshots.take(parent, seq.token_ids[index * size:end], seq.block_table[index], self.states,
-                                   seq.seq_id, transient)
-
-    def _forget_progress(self, seq: Sequence) -> None:
-        key = self.progress.pop(seq.seq_id, None)
-        if key is not None:
-            self.snapshots.drop_transient(key)
+        self.snapshots.take(parent, seq.token_ids[index * size:end], seq.block_table[index], self.states, seq.seq_id)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every block of `parent`, the partly filled last block included."""
@@ -195,14 +174,16 @@ class BlockManager:
             self.states.copy(parent.seq_id, child.seq_id)
 
     def free(self, seq: Sequence) -> None:
+        """Drop `seq`'s blocks; on a hybrid, first keep its state where it stopped: a finished request's next
+        turn (its prompt, reply and more) starts there, and so does a preempted or evicted one when it comes back,
+        while the blocks stay cached."""
+        self.snapshot_state(seq)
         for block_id in reversed(seq.block_table):
             self.pool.release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
         if self.states is not None:
             self.states.free(seq.seq_id)
-            if seq.status == SequenceStatus.FINISHED and self.snapshots is not None:   # not a preemption
-                self._forget_progress(seq)
 
     def pin(self, seq: Sequence) -> list[int]:
         for block_id in seq.block_table:

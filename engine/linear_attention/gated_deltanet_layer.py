@@ -129,7 +129,7 @@ def run_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     for chosen in (single, longer):
         if not chosen:
             continue
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in chosen]).to(v.device)
+        rows = torch.tensor([t for i in chosen for t in range(starts[i], starts[i + 1])], device=v.device)
         inputs = (q[rows], k[rows], v[rows], g[rows], beta[rows])
         before = torch.stack([states[i] for i in chosen])
         if chosen is single:

@@ -1,5 +1,7 @@
-"""Copies of a hybrid sequence's linear state at the end of a prompt, so that a later request whose prompt starts
-with the same tokens continues from there instead of from its first token (the state cannot be rewound).
+"""Copies of a hybrid sequence's linear state at the end of a prompt and where the sequence stops (finished,
+preempted, evicted: engine.kv.block_manager), so that a later request whose prompt starts with the same tokens
+(the next turn of a chat, the preempted request itself) continues from there instead of from its first token
+(the state cannot be rewound).
 
     a trunk of 6 tokens (prefill_only, pinned), block size 4
 
@@ -32,7 +34,6 @@ class Snapshot:
     parent_hash: int   # of the full blocks before P's block
     offset: int        # tokens of P's block before P: 1 .. block size
     block_id: int      # the block it belongs to
-    transient: bool = False   # a prompt's progress (a prefill chunk's end): dropped once the prompt moves on
 
 
 class SnapshotPool:
@@ -63,30 +64,20 @@ class SnapshotPool:
     def bytes_held(self) -> int:
         return self.num_held * self.bytes_per_snapshot
 
-    def take(self, parent_hash: int, tokens: list[int], block_id: int, states: StatePool, seq_id: int,
-             transient: bool = False) -> int:
+    def take(self, parent_hash: int, tokens: list[int], block_id: int, states: StatePool, seq_id: int) -> None:
         """Keep a copy of `seq_id`'s state (in `states`) after `tokens`, the start of `block_id`, whose parent is
-        `parent_hash`; one kept there already is only marked used (and kept for good unless `transient`).
-        Returns its key."""
+        `parent_hash`; one kept there already is only marked used."""
         key = chain_hash(parent_hash, tokens)
         if key in self.snapshots:
             self.snapshots.move_to_end(key)
-            self.snapshots[key].transient &= transient
-            return key
+            return
         self._make_room()
         self.storage.allocate(key)
         self.storage.copy(seq_id, key, source=states)
-        self.snapshots[key] = Snapshot(key, parent_hash, len(tokens), block_id, transient)
+        self.snapshots[key] = Snapshot(key, parent_hash, len(tokens), block_id)
         self.offsets_under.setdefault(parent_hash, Counter())[len(tokens)] += 1
         self.by_block.setdefault(block_id, set()).add(key)
         self.num_taken += 1
-        return key
-
-    def drop_transient(self, key: int) -> None:
-        """A prompt moved past its progress snapshot `key`: it goes, unless a prompt has since ended there."""
-        snapshot = self.snapshots.get(key)
-        if snapshot is not None and snapshot.transient:
-            self._drop(key)
 
     def deepest(self, parent_hash: int, tokens: list[int]) -> Snapshot | None:
         """The snapshot after the most of `tokens` (what a block under `parent_hash` holds of a prompt)."""

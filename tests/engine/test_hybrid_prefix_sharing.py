@@ -34,7 +34,8 @@ def test_requests_on_a_pinned_trunk_give_the_tokens_of_sharing_off_of_each_alone
     together = [o.token_ids for o in shared.generate(prompts, params)]
     snapshots = shared.engine.blocks.snapshots
     assert shared.engine.prompt_tokens_computed == TRUNK + sum(len(p) - TRUNK for p in prompts)
-    assert (snapshots.num_taken, snapshots.num_restored) == (1 + len(prompts), len(prompts))   # the trunk, each prompt
+    # the trunk's; each prompt's end and where each finished; restored into each prompt once
+    assert (snapshots.num_taken, snapshots.num_restored) == (1 + 2 * len(prompts), len(prompts))
 
     unshared = LLM(folder, dtype="float32", kv_budget_tokens=4096, enable_prefix_caching=False)
     assert unshared.engine.blocks.snapshots is None
@@ -93,8 +94,9 @@ def test_the_state_figures_of_kv_stats_add_up(tiny_model_dir):
         assert stats.blocks_free + stats.blocks_in_use == stats.blocks_total
         assert stats.used_bytes == stats.blocks_in_use * stats.block_bytes
     last = readings[-1]
-    assert last.states.slots_in_use == 0 and last.states.snapshots_held == 1 + len(prompts)
-    assert last.to_dict()["states"]["snapshot_bytes"] == (1 + len(prompts)) * engine.states.bytes_per_slot
+    # the trunk's, and each request's at its prompt's end and where it finished
+    assert last.states.slots_in_use == 0 and last.states.snapshots_held == 1 + 2 * len(prompts)
+    assert last.to_dict()["states"]["snapshot_bytes"] == (1 + 2 * len(prompts)) * engine.states.bytes_per_slot
     assert last.blocks_pinned == len(blocks)
     plain = LLM(str(tiny_model_dir("llama")), dtype="float32", kv_budget_tokens=256).kv_stats().states
     assert (plain.bytes_per_slot, plain.slots_in_use, plain.snapshots_held, plain.snapshot_bytes) == (0, 0, 0, 0)
@@ -117,9 +119,9 @@ def test_requests_added_beside_their_trunk_wait_for_its_snapshot_and_others_do_n
     assert engine.prompt_tokens_computed == TRUNK + apart.num_prompt_tokens + sum(len(p) - TRUNK for p in prompts)
 
 
-def test_a_prompt_preempted_between_its_chunks_starts_again_from_its_last_chunk(tiny_model_dir):
-    """The state is kept at each prefill chunk's end until the next chunk's end replaces it: a prompt preempted
-    mid-way recomputes only what came after, gives the tokens of one chunk, and leaves one snapshot, its end's."""
+def test_a_prompt_preempted_between_its_chunks_starts_again_where_it_stopped(tiny_model_dir):
+    """A sequence's state is kept where it stops when its blocks are freed: a prompt preempted mid-way
+    recomputes only what came after, and gives the tokens of one chunk."""
     folder = str(tiny_model_dir("qwen3_5"))
     prompt = prompts_of([150], seed=15)[0]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -129,12 +131,27 @@ def test_a_prompt_preempted_between_its_chunks_starts_again_from_its_last_chunk(
     for _ in range(3):
         engine.step()
     snapshots = engine.blocks.snapshots
-    assert seq.num_computed_tokens == 96 and snapshots.num_held == 1   # the last chunk's only
+    assert seq.num_computed_tokens == 96 and snapshots.num_held == 0
     engine.scheduler._preempt(seq)   # what a full pool does to the youngest sequence
-    assert seq.num_computed_tokens == 0 and not seq.block_table
+    assert not seq.block_table and snapshots.num_held == 1
     while not seq.is_finished:
         engine.step()
     assert seq.num_cached_tokens == 96 and engine.prompt_tokens_computed == len(prompt)
     assert seq.output_token_ids == whole
-    assert snapshots.num_held == 1 and snapshots.num_restored == 1
-    assert snapshots.num_taken == 5   # chunk ends 32, 64, 96, 128, then the prompt's end at 150
+    # where it was preempted, where its prompt ended, where it finished (its last token is never computed)
+    assert snapshots.num_restored == 1 and snapshots.num_taken == snapshots.num_held == 3
+
+
+def test_a_finished_request_s_next_turn_starts_after_its_reply(tiny_model_dir):
+    """What a chat client sends next: the prompt, the reply, and more. The state kept where the reply stopped
+    lets the next request skip all of it but the reply's last token, which was never computed."""
+    folder = str(tiny_model_dir("qwen3_5-odd-tied"))
+    llm = LLM(folder, dtype="float32", kv_budget_tokens=1024)
+    prompt = prompts_of([30], seed=16)[0]
+    params = SamplingParams(max_tokens=9, ignore_eos=True)
+    reply = llm.generate([prompt], params)[0].token_ids
+    turn = prompt + reply + prompts_of([5], seed=17)[0]
+    second = llm.generate([turn], params)[0]
+    assert second.num_cached_tokens == len(prompt) + len(reply) - 1
+    alone = LLM(folder, dtype="float32", kv_budget_tokens=1024, enable_prefix_caching=False)
+    assert second.token_ids == alone.generate([turn], params)[0].token_ids
