@@ -23,7 +23,7 @@ _PUBLIC = {   # the module that defines them -> the names exported here
     "engine.sequence": ("Sequence",),
     "engine.loading.tokenizer": ("Tokenizer",),
     "engine.loading.config": ("ModelConfig", "DTYPE_BYTES"),
-    "engine.linear_attention.state_pool": ("state_bytes_per_sequence", "state_reserve_bytes"),
+    "engine.linear_attention.state_pool": ("state_bytes_per_sequence", "state_reserve_bytes", "state_reserve_slots"),
     "engine.loading.loader": ("load_model_config", "load_tokenizer"),
     "engine.loading.model_source": ("ModelSource", "resolve_model"),
     "engine.loading.weight_estimate": ("estimate_weights", "gguf_file_weights", "WEIGHT_FILE_TYPES"),

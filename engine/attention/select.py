@@ -26,6 +26,7 @@ from engine.attention.kernel_sets import AttentionKernels
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache
 from kernels.cpu import native_attention, sdpa_attention
+from kernels.triton import interpreted
 
 BACKEND_ENV = "SWARM_ATTENTION_BACKEND"
 CHOICES = ("auto", "torch", "sdpa", "native", "triton")
@@ -55,7 +56,7 @@ def _kernels_for(device_type: str, choice: str) -> AttentionKernels:
         return kernel_sets.REFERENCE_KERNELS
     if not _triton_installed():
         raise AttentionBackendError(f"{BACKEND_ENV}=triton needs the triton package: pip install triton")
-    if not (on_gpu or _interpreting()):
+    if not (on_gpu or interpreted()):
         raise AttentionBackendError(f"{BACKEND_ENV}=triton on {device_type} runs only under TRITON_INTERPRET=1 "
                                     f"(slow, for tests); unset {BACKEND_ENV} to use torch")
     return kernel_sets.triton_kernels()
@@ -81,7 +82,3 @@ def _triton_installed() -> bool:
     except Exception:   # not installed, or a build that does not load here
         return False
     return True
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

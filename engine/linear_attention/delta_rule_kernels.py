@@ -21,6 +21,7 @@ import torch
 from engine.errors import SwarmError
 from engine.linear_attention.gated_delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_step
 from kernels.triton import gated_delta_rule as fla
+from kernels.triton import interpreted
 
 BACKEND_ENV = "SWARM_DELTA_RULE_BACKEND"
 CHOICES = ("auto", "torch", "fla")
@@ -49,11 +50,12 @@ def torch_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 TORCH_KERNELS = DeltaRuleKernels("torch", recurrent_gated_delta_step, torch_prompts)
+FLA_KERNELS = DeltaRuleKernels("fla", fla.step, fla.prompts)
 
 
 def delta_rule_kernels(device_type: str) -> DeltaRuleKernels:
     """The set for tensors on `device_type`, as SWARM_DELTA_RULE_BACKEND asks."""
-    return _kernels_for(device_type, os.environ.get(BACKEND_ENV, "").strip().lower() or "auto", fla.interpreted())
+    return _kernels_for(device_type, os.environ.get(BACKEND_ENV, "").strip().lower() or "auto", interpreted())
 
 
 @cache
@@ -64,11 +66,11 @@ def _kernels_for(device_type: str, choice: str, interpreted: bool) -> DeltaRuleK
         return TORCH_KERNELS
     on_gpu = device_type == "cuda"
     if choice == "auto":
-        return DeltaRuleKernels("fla", fla.step, fla.prompts) if on_gpu and fla.available() else TORCH_KERNELS
+        return FLA_KERNELS if on_gpu and fla.available() else TORCH_KERNELS
     if not (on_gpu or interpreted):
         raise DeltaRuleBackendError(f"{BACKEND_ENV}=fla on {device_type} runs only under TRITON_INTERPRET=1 "
                                     f"(slow, for tests); unset {BACKEND_ENV} to use torch")
     if not fla.available():
         raise DeltaRuleBackendError(f"{BACKEND_ENV}=fla needs flash-linear-attention's kernels: "
                                     "pip install 'swarm-llm[gpu]' (fla-core)")
-    return DeltaRuleKernels("fla", fla.step, fla.prompts)
+    return FLA_KERNELS

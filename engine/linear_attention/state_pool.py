@@ -31,11 +31,16 @@ def state_bytes_per_sequence(config: ModelConfig, dtype_bytes: int) -> int:
     return len(config.linear_layers) * (conv + recurrent)
 
 
-def state_reserve_bytes(config: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
-    """What a GPU engine holds back for a hybrid's state: a slot for each of its max_num_seqs sequences and as
+def state_reserve_slots(config: ModelConfig, max_num_seqs: int) -> int:
+    """The slots a GPU engine holds back for a hybrid's state: one for each of its max_num_seqs sequences and as
     many snapshots (engine.linear_attention.snapshot_pool keeps the pinned trunk's and max_num_seqs − 1 others).
     0 for a model with KV only."""
-    return 2 * max_num_seqs * state_bytes_per_sequence(config, dtype_bytes)
+    return 2 * max_num_seqs if config.linear_attention is not None else 0
+
+
+def state_reserve_bytes(config: ModelConfig, max_num_seqs: int, dtype_bytes: int) -> int:
+    """What those slots take."""
+    return state_reserve_slots(config, max_num_seqs) * state_bytes_per_sequence(config, dtype_bytes)
 
 
 class StatePool:

@@ -13,11 +13,11 @@ Under TRITON_INTERPRET=1 the kernels run on CPU tensors (slowly): that is how th
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 
+from kernels.triton import interpreted
 from kernels.triton.decode import merge_kernel, paged_decode_kernel, prefix_kernel, reduce_splits_kernel
 from kernels.triton.kv_write import write_kv
 
@@ -28,7 +28,7 @@ MIN_DOT = 16                # smallest tl.dot dimension on GPUs
 MAX_BLOCK_M = 64            # prefix query rows (rows x group) per program
 MIN_SPLIT_TOKENS = 256      # never split a context into pieces shorter than this
 LOG2E = 1.4426950408889634
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+INTERPRETED = interpreted()   # read once, as Triton reads it when this module defines its kernels
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -16,16 +16,12 @@ one config per autotuner (the interpreter has no driver to time several on).
 from __future__ import annotations
 
 import builtins
-import os
 import sys
 from functools import cache
 
 import torch
 
-
-def interpreted() -> bool:
-    """Triton runs kernels in its interpreter (read when fla is imported, as Triton reads it then)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+from kernels.triton import interpreted
 
 
 @cache

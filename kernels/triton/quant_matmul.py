@@ -14,7 +14,6 @@ Under TRITON_INTERPRET=1 the kernels run on CPU tensors (slowly): that is how th
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +21,7 @@ import triton
 
 from kernels.errors import KernelError
 from kernels.reference.quant_blocks import FLOAT_DTYPES, QuantizedTensor, block_layout
+from kernels.triton import interpreted
 from kernels.triton.quant_decode import decode_kernel, sum_splits_kernel
 from kernels.triton.quant_expand import dequantize_kernel
 from kernels.triton.quant_prefill import prefill_kernel
@@ -43,7 +43,7 @@ DEQUANTIZE_TILE = (32, 128)         # (BLOCK_N, BLOCK_K)
 PROGRAMS_PER_SM = 4         # decode splits K until there are this many programs per multiprocessor
 SUM_BLOCK = 1024
 MIN_DOT = 16                # smallest tl.dot side worth a tensor-core tile
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+INTERPRETED = interpreted()   # read once, as Triton reads it when this module defines its kernels
 
 
 def supports(format: str) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from engine import DEFAULT_MODEL, WEIGHT_SCHEMES, OptionError, SwarmError
+from engine import DEFAULT_MODEL, WEIGHT_SCHEMES, EngineOptions, OptionError, SwarmError
 from swarm.server.loopback import bind
 from swarm.spec.kv_budget import run_sequences
 
@@ -30,7 +30,7 @@ class ServeSettings:
     graphs: bool = True
     canonicalize: bool = False
     max_model_len: int | None = None
-    max_num_seqs: int | None = None   # None: the engine's default
+    max_num_seqs: int = EngineOptions().max_num_seqs
 
 
 def serve(
@@ -118,7 +118,7 @@ def _serve(listener: socket.socket, settings: ServeSettings, spec, name: str, lo
                                                      kv_budget_bytes=settings.kv_budget_bytes,
                                                      cuda_graphs=settings.graphs,
                                                      max_model_len=settings.max_model_len,
-                                                     **_sequence_limit(settings)))
+                                                     max_num_seqs=settings.max_num_seqs))
     served = ServedModel(name, aliases={settings.model, engine.source.display_name, str(engine.source.path)})
     if spec is not None:
         served.trunk_tokens, served.trunk_blocks = pin_trunk(engine, spec_trunk_ids(spec, engine))
@@ -184,10 +184,6 @@ def _load_spec(path: Path, model: str | None):
     return spec
 
 
-def _sequence_limit(settings: ServeSettings) -> dict:
-    return {} if settings.max_num_seqs is None else {"max_num_seqs": settings.max_num_seqs}
-
-
 def _settings(spec, model: str | None, device: str | None, dtype: str | None, weights: str | None,
               kv_budget: str | None, no_graphs: bool = False, canonicalize: bool = False,
               max_num_seqs: int | None = None) -> ServeSettings:
@@ -209,7 +205,8 @@ def _settings(spec, model: str | None, device: str | None, dtype: str | None, we
                          kv_budget_bytes=budget.bytes if budget else None,
                          graphs=not no_graphs and (spec.graphs if spec else True),
                          canonicalize=canonicalize or bool(spec and spec.canonicalize),
-                         max_num_seqs=max_num_seqs or (run_sequences(len(spec.agents)) if spec is not None else None))
+                         max_num_seqs=max_num_seqs or (run_sequences(len(spec.agents)) if spec is not None
+                                                       else EngineOptions().max_num_seqs))
 
 
 def _announce(listener: socket.socket, engine, served, as_json: bool) -> None:

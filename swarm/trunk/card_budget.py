@@ -59,14 +59,14 @@ def card_budget(card_bytes: int, weights: WeightMemory, config: ModelConfig, dty
                 agents: int = 1) -> CardBudget:
     """What `card_bytes` leaves for KV beside a run of `agents` agents; CardTooSmall (one line, what to change)
     when it leaves nothing."""
-    from engine import EngineOptions, state_bytes_per_sequence, state_reserve_bytes
+    from engine import EngineOptions, state_reserve_bytes, state_reserve_slots
 
     tokens = EngineOptions().max_num_batched_tokens
     sequences = run_sequences(agents)
     state = state_reserve_bytes(config, sequences, dtype_bytes)
     card = CardBudget(card_bytes, weights, RUNTIME_RESERVE_BYTES,
                       prefill_activation_bytes(config, dtype_bytes, tokens), tokens, state,
-                      2 * sequences if state_bytes_per_sequence(config, dtype_bytes) else 0)
+                      state_reserve_slots(config, sequences))
     if card.budget_bytes <= 0:
         state_note = f" and {agents} agents' linear state ({format_bytes(state)})" if state else ""
         raise CardTooSmall(f"{format_bytes(card_bytes)} holds no KV cache beside the weights "

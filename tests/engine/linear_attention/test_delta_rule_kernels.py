@@ -7,7 +7,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.linear_attention import delta_rule_kernels as select
 from engine.linear_attention.delta_rule_kernels import BACKEND_ENV, DeltaRuleBackendError, delta_rule_kernels
-from kernels.triton import gated_delta_rule as fla
+from kernels.triton import interpreted
 from tests.helpers.engine_runs import prompts_of, run_with_logits
 
 
@@ -26,7 +26,7 @@ def test_a_backend_that_cannot_run_here_is_one_line_saying_what_to_do(monkeypatc
         select._kernels_for("cpu", "fla", False)
 
 
-@pytest.mark.skipif(not fla.interpreted() and not torch.cuda.is_available(), reason="needs the Triton interpreter")
+@pytest.mark.skipif(not interpreted() and not torch.cuda.is_available(), reason="needs the Triton interpreter")
 def test_a_tiny_qwen3_5_on_fla_gives_the_logits_and_tokens_of_the_pytorch_rule(tiny_model_dir, monkeypatch):
     pytest.importorskip("fla")
     folder = str(tiny_model_dir("qwen3_5-odd-tied"))

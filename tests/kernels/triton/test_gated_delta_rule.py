@@ -19,8 +19,9 @@ pytest.importorskip("fla")
 from engine.linear_attention.delta_rule_kernels import TORCH_KERNELS  # noqa: E402
 from engine.linear_attention.gated_delta_rule import l2_normalize  # noqa: E402
 from kernels.triton import gated_delta_rule as fla  # noqa: E402
+from kernels.triton import interpreted  # noqa: E402
 
-DEVICE = "cpu" if fla.interpreted() else "cuda"
+DEVICE = "cpu" if interpreted() else "cuda"
 pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
                                 reason="TRITON_INTERPRET=0 needs a GPU")
 # (key heads, value heads, k_dim, v_dim): value heads sharing key heads 1, 2 and 3 to one; odd head sizes

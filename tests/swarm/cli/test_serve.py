@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from engine import EngineOptions
 from swarm.cli.main import main
 from swarm.cli.serve import _settings
 from swarm.server.loopback import bind
@@ -156,7 +157,7 @@ def test_canonicalize_comes_from_the_flag_or_the_spec(tmp_path):
 
 
 def test_requests_at_once_come_from_the_flag_or_the_spec_s_agents_and_the_trunk(tmp_path):
-    assert _settings(None, "m", None, None, None, None).max_num_seqs is None   # the engine's default
+    assert _settings(None, "m", None, None, None, None).max_num_seqs == EngineOptions().max_num_seqs == 64
     assert _settings(load(tmp_path, MINIMAL), None, None, None, None, None).max_num_seqs == 3 + 1
     assert _settings(load(tmp_path, MINIMAL), None, None, None, None, None, max_num_seqs=12).max_num_seqs == 12
 
