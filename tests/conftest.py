@@ -16,6 +16,21 @@ if not torch.cuda.is_available():
     # anything imports triton (transformers does, through flash-linear-attention, below)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+def _refuse_the_hub_kernels_package() -> None:
+    """The Hugging Face hub's `kernels` package (a hard requirement of transformers 5.25 on) has the import
+    name of swarm's kernels/: with both installed, transformers imports ours and every oracle test fails on
+    `cannot import name 'CUDAProperties'`. Say so once, with the fix, instead."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        hub_version = version("kernels")
+    except PackageNotFoundError:
+        return
+    raise SystemExit(f"the test environment has the hub's `kernels` {hub_version}, whose import name is swarm's "
+                     "kernels/: pip uninstall kernels, and pip install -e '.[test]' (it pins transformers < 5.25)")
+
+
+_refuse_the_hub_kernels_package()
+
 settings.register_profile("swarm", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("swarm")
 
