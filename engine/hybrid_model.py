@@ -42,9 +42,10 @@ class GatedAttention(Attention):
     norm_type = ZeroCentredRMSNorm
 
     def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
-        q, gate = self.project_queries(x, batch).chunk(2, dim=-1)
+        q, k, v = self.project(x, batch)
+        q, gate = q.chunk(2, dim=-1)
         rows = q.shape[0]
-        out = self.attend(q, x, rotary, batch, attention).reshape(rows, -1)
+        out = self.attend(q, k, v, rotary, batch, attention).reshape(rows, -1)
         return rows_apart(self.o_proj, out * torch.sigmoid(gate.reshape(rows, -1)), batch.decode_split)
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import prompt_matmul
+from engine import prompt_matmul, quantized_layers
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.linear import Linear
 from engine.loading.config import ModelConfig
@@ -28,6 +28,14 @@ def rows_apart(layer: nn.Module, x: torch.Tensor, split: int | None) -> torch.Te
     with prompt_matmul.decode_rows():
         decode = layer(x[:split])
     return torch.cat((decode, layer(x[split:])))
+
+
+def projections(layers: list[nn.Module], x: torch.Tensor, split: int | None) -> list[torch.Tensor]:
+    """[rows_apart(layer, x, split) for layer in layers]: for a decode-only step, in one kernel call where the
+    layers' weights can take it (engine.quantized_layers.together)."""
+    if split is None:
+        return quantized_layers.each_of(layers, x)
+    return [rows_apart(layer, x, split) for layer in layers]
 
 
 class RMSNorm(nn.Module):
@@ -117,23 +125,26 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
         """Attention output of the tokens whose queries attend (`batch.query_rows`); every token's K/V
         is written."""
-        q = self.project_queries(x, batch)
-        out = self.attend(q, x, rotary, batch, attention)
+        q, k, v = self.project(x, batch)
+        out = self.attend(q, k, v, rotary, batch, attention)
         return rows_apart(self.o_proj, out.reshape(q.shape[0], -1), batch.decode_split)
 
-    def project_queries(self, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        """q_proj of the query rows: [rows, heads, query_parts · head_dim]."""
-        rows = batch.query_rows
-        queries = x if rows is None else x[rows]
-        projected = rows_apart(self.q_proj, queries, batch.decode_split)
-        return projected.view(queries.shape[0], self.num_heads, self.query_parts * self.head_dim)
+    def project(self, x: torch.Tensor, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q_proj of the query rows ([rows, heads, query_parts · head_dim]); k_proj and v_proj of every token
+        ([tokens, kv_heads, head_dim])."""
+        rows, split = batch.query_rows, batch.decode_split
+        if rows is None:
+            q, k, v = projections([self.q_proj, self.k_proj, self.v_proj], x, split)
+        else:
+            q = rows_apart(self.q_proj, x[rows], split)
+            k, v = projections([self.k_proj, self.v_proj], x, split)
+        kv_shape = (x.shape[0], self.num_kv_heads, self.head_dim)
+        return q.view(q.shape[0], self.num_heads, self.query_parts * self.head_dim), k.view(kv_shape), v.view(kv_shape)
 
-    def attend(self, q: torch.Tensor, x: torch.Tensor, rotary, batch: AttentionBatch,
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary, batch: AttentionBatch,
                attention: AttentionBackend) -> torch.Tensor:
-        """Writes the K/V of every token of `x`, and attends with the queries `q`: [rows, heads, head_dim]."""
-        split, rows = batch.decode_split, batch.query_rows
-        k = rows_apart(self.k_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
-        v = rows_apart(self.v_proj, x, split).view(x.shape[0], self.num_kv_heads, self.head_dim)
+        """Writes the K/V of every token, and attends with the queries `q`: [rows, heads, head_dim]."""
+        rows = batch.query_rows
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rotary
@@ -150,8 +161,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, split: int | None = None) -> torch.Tensor:
-        hidden = F.silu(rows_apart(self.gate_proj, x, split), inplace=True)
-        return rows_apart(self.down_proj, hidden.mul_(rows_apart(self.up_proj, x, split)), split)
+        gate, up = projections([self.gate_proj, self.up_proj], x, split)
+        return rows_apart(self.down_proj, F.silu(gate, inplace=True).mul_(up), split)
 
 
 class DecoderLayer(nn.Module):

@@ -49,6 +49,20 @@ class QuantizedLinear(nn.Module):
         return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"
 
 
+def together(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | None:
+    """[layer(x) for layer in layers], bit for bit, in one call of the CPU kernel where every layer would take
+    it alone (a decode step's q, k and v; its gate and up: the threads wake once for all); None where not."""
+    if not (all(isinstance(layer, QuantizedLinear) and layer._cpu_kernel for layer in layers)
+            and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now()):
+        return None
+    return cpu_kernel.quant_matmul_many(x, [layer.quantized for layer in layers], [layer.bias for layer in layers])
+
+
+def each_of(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+    """[layer(x) for layer in layers], together where they can be."""
+    return together(layers, x) or [layer(x) for layer in layers]
+
+
 class QuantizedEmbedding(nn.Module):
     """Token embeddings kept as their blocks: a lookup dequantizes only the rows it reads."""
 

@@ -25,6 +25,7 @@ from engine.linear import Linear
 from engine.linear_attention.delta_rule_kernels import delta_rule_kernels
 from engine.linear_attention.gated_delta_rule import l2_normalize
 from engine.linear_attention.short_conv import causal_conv1d, causal_conv1d_step
+from engine.quantized_layers import each_of
 
 
 @dataclass(slots=True)
@@ -90,12 +91,13 @@ class GatedDeltaNet(nn.Module):
                 states: list[LinearState]) -> tuple[torch.Tensor, list[LinearState]]:
         """hidden: [tokens, hidden_size], the sequences' tokens one after another; seq_lens: each one's token
         count; states: each one's state before its tokens. Returns the outputs and each sequence's new state."""
-        mixed, conv_states = self.convolve(self.in_proj_qkv(hidden), seq_lens, states)
+        qkv, z, b, a = each_of([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], hidden)
+        mixed, conv_states = self.convolve(qkv, seq_lens, states)
         q, k, v = self.split_heads(mixed)
-        beta = self.in_proj_b(hidden).float().sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias.float())
+        beta = b.float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         core, recurrent_states = run_delta_rule(q, k, v, g, beta, seq_lens, [s.recurrent for s in states])
-        gate = self.in_proj_z(hidden).unflatten(-1, (self.num_value_heads, self.value_head_dim))
+        gate = z.unflatten(-1, (self.num_value_heads, self.value_head_dim))
         out = self.out_proj(self.norm(core, gate).flatten(1))
         return out, [LinearState(conv, recurrent) for conv, recurrent in zip(conv_states, recurrent_states)]
 

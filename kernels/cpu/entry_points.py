@@ -25,6 +25,7 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None)},
     "quant_matmul": {
         "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
+        "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
         "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
@@ -39,6 +40,7 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
 # The block formats quant_matmul.c reads: name -> (GGML type code, values a block, bytes a block)
 QUANT_FORMATS = {name: (GGMLQuantizationType[name].value, *block_layout(name))
                  for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")}
+FORMAT_OF_CODE = {code: name for name, (code, _, _) in QUANT_FORMATS.items()}
 
 Tensor = torch.Tensor
 
@@ -83,12 +85,13 @@ def rotary(lib: ctypes.CDLL, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out
 
 
-def quant_matmul_outputs(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tensor | None) -> Tensor:
-    rows = _expect_blocks("quant_matmul", blocks, format, cols)
-    expect_optional("quant_matmul", "bias", bias, (rows,))
-    expect_rank("quant_matmul", "x", x, 2)
+def quant_matmul_outputs(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tensor | None,
+                         op: str = "quant_matmul") -> Tensor:
+    rows = _expect_blocks(op, blocks, format, cols)
+    expect_optional(op, "bias", bias, (rows,))
+    expect_rank(op, "x", x, 2)
     if x.shape[1] != cols:
-        raise refusal("quant_matmul", "x", f"has {x.shape[1]} columns, the weight {cols}")
+        raise refusal(op, "x", f"has {x.shape[1]} columns, the weight {cols}")
     return x.new_empty(x.shape[0], rows)
 
 
@@ -97,6 +100,30 @@ def quant_matmul(lib: ctypes.CDLL, x: Tensor, blocks: Tensor, format: str, cols:
     lib.swarm_quant_matmul(x.data_ptr(), x.shape[0], cols, blocks.data_ptr(), QUANT_FORMATS[format][0],
                            blocks.shape[0], _ptr_or_null(bias), out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def quant_matmul_many_outputs(x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
+                              biases: list[Tensor | None]) -> list[Tensor]:
+    """codes: each weight's format as its GGML type code (an op takes no list of names)"""
+    if not len(blocks) == len(codes) == len(biases) > 0:
+        raise refusal("quant_matmul_many", "blocks", f"holds {len(blocks)} weights: codes and biases need as many, "
+                                                     f"got {len(codes)} and {len(biases)}")
+    if unknown := set(codes) - set(FORMAT_OF_CODE):
+        raise refusal("quant_matmul_many", "codes", f"holds {sorted(unknown)}, not a format the kernel reads")
+    return [quant_matmul_outputs(x, weight, FORMAT_OF_CODE[code], cols, bias, "quant_matmul_many")
+            for weight, code, bias in zip(blocks, codes, biases)]
+
+
+def quant_matmul_many(lib: ctypes.CDLL, x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
+                      biases: list[Tensor | None]) -> list[Tensor]:
+    """[x @ W.T + bias for each weight's blocks, format code and bias], every weight's columns in one call"""
+    outs = quant_matmul_many_outputs(x, blocks, codes, cols, biases)
+    count = len(blocks)
+    lib.swarm_quant_matmul_many(x.data_ptr(), x.shape[0], cols, count, (_ptr * count)(*(b.data_ptr() for b in blocks)),
+                                (_int * count)(*codes), (_i64 * count)(*(b.shape[0] for b in blocks)),
+                                (_ptr * count)(*(_ptr_or_null(b) for b in biases)),
+                                (_ptr * count)(*(out.data_ptr() for out in outs)), torch.get_num_threads())
+    return outs
 
 
 def quant_dequantize_outputs(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:

@@ -1,5 +1,6 @@
-"""The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::quant_matmul, swarm::quant_dequantize,
-swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and swarm::merge_attention, each taking
+"""The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::quant_matmul, swarm::quant_matmul_many,
+swarm::quant_dequantize, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
+swarm::merge_attention, each taking
 and returning tensors (torch.library.custom_op; quant_dequantize writes into its `out`). Their arguments are
 checked at the boundary (kernels.cpu.entry_points), the profiler lists them, and each has a fake
 implementation giving outputs of the right shape and dtype, so torch.compile and graph capture treat them
@@ -79,6 +80,12 @@ def _quant_matmul(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tenso
     return entry_points.quant_matmul(built("quant_matmul"), x, blocks, format, cols, bias)
 
 
+@custom_op("swarm::quant_matmul_many", mutates_args=())
+def _quant_matmul_many(x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
+                       biases: list[Tensor | None]) -> list[Tensor]:
+    return entry_points.quant_matmul_many(built("quant_matmul"), x, blocks, codes, cols, biases)
+
+
 @custom_op("swarm::quant_dequantize", mutates_args=("out",))
 def _quant_dequantize(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
     entry_points.quant_dequantize(built("quant_matmul"), blocks, format, cols, out)
@@ -108,6 +115,7 @@ def _merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor)
 _rms_norm.register_fake(lambda x, weight, eps: entry_points.rms_norm_outputs(x, weight))
 _rotary.register_fake(entry_points.rotary_outputs)
 _quant_matmul.register_fake(entry_points.quant_matmul_outputs)
+_quant_matmul_many.register_fake(entry_points.quant_matmul_many_outputs)
 _quant_dequantize.register_fake(entry_points.quant_dequantize_outputs)
 _paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale:
                             entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths))
@@ -118,6 +126,7 @@ _merge_attention.register_fake(entry_points.merge_attention_outputs)
 rms_norm = Kernel(_rms_norm, entry_points.rms_norm, "fused_ops")
 rotary = Kernel(_rotary, entry_points.rotary, "fused_ops")
 quant_matmul = Kernel(_quant_matmul, entry_points.quant_matmul, "quant_matmul")
+quant_matmul_many = Kernel(_quant_matmul_many, entry_points.quant_matmul_many, "quant_matmul")
 quant_dequantize = Kernel(_quant_dequantize, entry_points.quant_dequantize, "quant_matmul")
 paged_decode = Kernel(_paged_decode, entry_points.paged_decode, "paged_decode")
 prefix_attention = Kernel(_prefix_attention, entry_points.prefix_attention, "prefix_attention")

@@ -40,6 +40,16 @@ def quant_matmul(x: torch.Tensor, weight: QuantizedTensor, bias: torch.Tensor | 
     return ops.quant_matmul(x.contiguous(), weight.blocks, weight.format, weight.cols, bias, library=library)
 
 
+def quant_matmul_many(x: torch.Tensor, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
+                      library: ctypes.CDLL | None = None) -> list[torch.Tensor]:
+    """[quant_matmul(x, weight, bias) for each weight and bias], bit for bit, in one call: the threads wake once
+    for all (a decode step's q, k and v projections; its gate and up). The weights take the same x, so they
+    have its columns; their formats may differ (the op swarm::quant_matmul_many)."""
+    codes = [entry_points.QUANT_FORMATS[w.format][0] for w in weights]
+    return ops.quant_matmul_many(x.contiguous(), [w.blocks for w in weights], codes, x.shape[1], biases,
+                                 library=library)
+
+
 def dequantize(weight: QuantizedTensor, rows: tuple[int, int], out: torch.Tensor,
                library: ctypes.CDLL | None = None) -> torch.Tensor:
     """Rows [r0, r1) of the weight as float32 into `out` (contiguous [r1 - r0, cols]), bit for bit the

@@ -56,3 +56,25 @@ def test_the_files_blocks_are_kept_and_give_the_float32_output(llm):
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     assert ([o.token_ids for o in llm.generate(prompts, params)]
             == [o.token_ids for o in dequantized.generate(prompts, params)])
+
+
+def test_a_decode_step_wakes_the_threads_once_for_q_k_v_and_once_for_gate_up(llm):
+    """Each C call is a parallel region whose idle threads must be woken (engine/cpu_threads.py: they sleep):
+    a decode step multiplies q, k and v in one call and gate and up in another, o and down alone."""
+    import torch
+    engine = llm.engine
+    seqs = [engine.add_request(list(range(20, 60 + 7 * i)), SamplingParams(max_tokens=3, ignore_eos=True),
+                               request_id=f"regions-{i}", keep_kv=True) for i in range(2)]
+    try:
+        while any(not seq.output_token_ids for seq in seqs):
+            engine.step()
+        with torch.profiler.profile() as profiler:
+            result = engine.step()
+        assert result.decode_only
+    finally:
+        for seq in seqs:
+            engine.release(seq)
+    calls = [event.name for event in profiler.events() if event.name.startswith("swarm::quant_matmul")]
+    layers = len(engine.runner.model.model.layers)
+    assert calls.count("swarm::quant_matmul_many") == 2 * layers
+    assert calls.count("swarm::quant_matmul") == 2 * layers + 1   # o, down; the lm_head

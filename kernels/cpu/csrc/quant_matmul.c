@@ -247,23 +247,50 @@ static void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int
 
 #endif
 
-/* x: [M, K] float32; q: [N, K / block values * block bytes] the weight's blocks in `format` (a GGML type
- * code of quant_blocks.h); bias: [N] or NULL; y: [M, N] float32. K is a multiple of the format's block.
- * Rows go MAX_ROWS at a time, columns to the threads in groups; a group's lane sums wait in carry between
- * spans. */
-void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
-                        const float *bias, float *y, int threads) {
-    int64_t group = N / (4 * (int64_t)threads);
-    group = group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
+/* A weight's columns go to the threads in groups of at most GROUP_COLUMNS, about 4 groups a thread */
+static int64_t group_of(int64_t N, int threads) {
+    const int64_t group = N / (4 * (int64_t)threads);
+    return group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
+}
+
+static int64_t groups_of(int64_t N, int threads) { return (N + group_of(N, threads) - 1) / group_of(N, threads); }
+
+/* the weight of task `task` among the groups of every weight in turn, and its group's first column n0 */
+static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64_t *n0) {
+    int64_t w = 0;
+    for (; task >= groups_of(N[w], threads); w++) task -= groups_of(N[w], threads);
+    *n0 = task * group_of(N[w], threads);
+    return w;
+}
+
+/* x: [M, K] float32; for each of `count` weights w, q[w]: [N[w], K / block values * block bytes] its blocks in
+ * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
+ * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
+ * of one parallel region (a decode step's q, k and v, or gate and up: waking the threads once instead of for
+ * each weight), and each column is computed as it would be alone. Rows go MAX_ROWS at a time; a group's lane
+ * sums wait in carry between spans. */
+void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
+                             const int *formats, const int64_t *N, const float *const *bias, float *const *y,
+                             int threads) {
+    int64_t tasks = 0;
+    for (int64_t w = 0; w < count; w++) tasks += groups_of(N[w], threads);
     for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
         const int64_t rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
         #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n0 = 0; n0 < N; n0 += group) {
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t n0;
+            const int64_t w = weight_of_task(task, N, threads, &n0);
+            const int64_t n1 = n0 + group_of(N[w], threads) < N[w] ? n0 + group_of(N[w], threads) : N[w];
             float carry[GROUP_COLUMNS * MAX_ROWS * 8];
-            column_range(x + r0 * K, rows, K, q, format, N, bias, y + r0 * N, n0, n0 + group < N ? n0 + group : N,
-                         carry);
+            column_range(x + r0 * K, rows, K, q[w], formats[w], N[w], bias[w], y[w] + r0 * N[w], n0, n1, carry);
         }
     }
+}
+
+/* swarm_quant_matmul_many for one weight */
+void swarm_quant_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                        const float *bias, float *y, int threads) {
+    swarm_quant_matmul_many(x, M, K, 1, &q, &format, &N, &bias, &y, threads);
 }
 
 /* out: [N, K] float32, the values of q's N rows (as swarm_quant_matmul's q), the threads taking

@@ -27,6 +27,11 @@ def quantized(rows=96, cols=320, format="Q4_1"):
     return QuantizedTensor(torch.from_numpy(gguf.quants.quantize(values, Q[format])), format, cols)
 
 
+def code(format):
+    """a format's GGML type code, as quant_matmul_many takes it"""
+    return Q[format].value
+
+
 def paged_args():
     """q [3, 6, 16] over a pool of 10 blocks of 4 tokens, 2 KV heads; the last sequence is empty."""
     tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]])
@@ -35,11 +40,13 @@ def paged_args():
 
 def op_args(name):
     """Arguments each op takes, in its order."""
-    weight = quantized()
+    weight, other = quantized(), quantized(rows=40, format="Q8_0")
     return {
         "rms_norm": lambda: (randn(5, 64), randn(64, seed=1), 1e-5),
         "rotary": lambda: (randn(7, 3, 64), randn(7, 64, seed=1), randn(7, 64, seed=2)),
         "quant_matmul": lambda: (randn(4, 320), weight.blocks, weight.format, weight.cols, randn(96)),
+        "quant_matmul_many": lambda: (randn(4, 320), [weight.blocks, other.blocks], [code("Q4_1"), code("Q8_0")], 320,
+                                      [randn(96), None]),
         "quant_dequantize": lambda: (weight.blocks[3:10], weight.format, weight.cols, torch.empty(7, 320)),
         "paged_decode": lambda: (*paged_args(), 0.25),
         "prefix_attention": lambda: (randn(3, 6, 16), randn(40, 2, 16, seed=1), randn(40, 2, 16, seed=2), 0.25),
@@ -49,8 +56,8 @@ def op_args(name):
     }[name]()
 
 
-NAMES = ["rms_norm", "rotary", "quant_matmul", "paged_decode", "prefix_attention", "rows_attention",
-         "merge_attention"]
+NAMES = ["rms_norm", "rotary", "quant_matmul", "quant_matmul_many", "paged_decode", "prefix_attention",
+         "rows_attention", "merge_attention"]
 WRITING = ["quant_dequantize"]   # ops that write into their last argument, returning nothing
 
 
@@ -61,7 +68,7 @@ def test_the_profiler_lists_each_kernel_as_its_op_with_the_bits_of_the_direct_ca
     with torch.profiler.profile() as profiler:
         profiled = getattr(ops, name)(*args)
     assert f"swarm::{name}" in {event.name for event in profiler.events()}
-    for got, want in zip(*(r if isinstance(r, tuple) else (r,) for r in (profiled, direct))):
+    for got, want in zip(*(r if isinstance(r, (tuple, list)) else (r,) for r in (profiled, direct))):
         assert torch.equal(got, want)
 
 
@@ -162,6 +169,11 @@ OP_MISTAKES = [
     ("quant_matmul", 3, 100, r"cols must be a positive multiple of 32 for Q4_1, got 100"),
     ("quant_matmul", 1, lambda t: t[:, :100].contiguous(), r"blocks must have shape \[96, 200\], got \[96, 100\]"),
     ("quant_matmul", 1, lambda t: t.view(torch.int8), r"blocks must be torch.uint8, got torch.int8"),
+    ("quant_matmul_many", 2, lambda codes: [codes[0], 99], r"codes holds \[99\], not a format the kernel reads"),
+    ("quant_matmul_many", 4, lambda biases: biases[:1],
+     r"blocks holds 2 weights: codes and biases need as many, got 2 and 1"),
+    ("quant_matmul_many", 4, lambda biases: [biases[0][:9], None], r"bias must have shape \[96\], got \[9\]"),
+    ("quant_matmul_many", 0, lambda t: t[:, :64].contiguous(), r"x has 64 columns, the weight 320"),
     ("quant_dequantize", 3, lambda t: t[:, :64], r"out must have shape \[7, 320\], got \[7, 64\]"),
     ("quant_dequantize", 1, "Q4_K", r"cols must be a positive multiple of 256 for Q4_K, got 320"),
     ("rms_norm", 0, lambda t: t.t(), r"x must be contiguous"),

@@ -111,6 +111,25 @@ def test_a_rows_result_does_not_depend_on_its_batch(format):
         torch.set_num_threads(threads)
 
 
+def test_weights_taken_together_give_each_ones_bits():
+    """q, k and v (or gate and up) in one call: each output is the call of its weight alone, whatever the
+    formats side by side, the biases, the rows (past a pass of MAX_ROWS) and the threads."""
+    weights = [weight_of(format, rows=rows, cols=1536, seed=rows)[0]
+               for format, rows in (("Q4_K", 70), ("Q6_K", 9), ("Q8_0", 33), ("Q4_1", 1))]
+    biases = [torch.randn(70), None, torch.randn(33), None]
+    threads = torch.get_num_threads()
+    for rows in (1, 5, 64, 70):
+        x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+        alone = [quant_matmul.quant_matmul(x, weight, bias) for weight, bias in zip(weights, biases)]
+        for count in (threads, 1):
+            torch.set_num_threads(count)
+            try:
+                together = quant_matmul.quant_matmul_many(x, weights, biases)
+            finally:
+                torch.set_num_threads(threads)
+            assert all(torch.equal(a, b) for a, b in zip(together, alone)), (rows, count)
+
+
 BUILDS = {"portable": portable.portable_library, "avx2": portable.avx2_library}
 
 
