@@ -52,7 +52,7 @@ static int run_chunks(const float *queries_t, const float *k, const float *v, Sh
             #pragma omp atomic write
             failed = 1;
         }
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic)   /* as quant_matmul.c's: a thread woken late takes fewer */
         for (int64_t task = 0; task < kv_heads * chunks; task++) {
             if (!st || !sums) continue;
             const int64_t h = task / chunks, first = task % chunks * CHUNK;

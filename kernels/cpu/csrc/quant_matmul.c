@@ -267,8 +267,11 @@ static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64
  * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
  * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
  * of one parallel region (a decode step's q, k and v, or gate and up: waking the threads once instead of for
- * each weight), and each column is computed as it would be alone. Rows go MAX_ROWS at a time; a group's lane
- * sums wait in carry between spans. */
+ * each weight), and each column is computed as it would be alone. The tasks are taken as threads come free:
+ * a sleeping thread takes tens of µs to wake (a VM's idle vCPU more), and with fixed shares the first thread
+ * would finish its own and sleep again at the barrier, to be woken in turn (SmolLM2's q_proj, 1 row, 2 threads
+ * on a 2-vCPU VM: 106-123 µs a call with fixed shares, 65-88 µs taken as they come, 34 µs spinning). Rows go
+ * MAX_ROWS at a time; a group's lane sums wait in carry between spans. */
 void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
                              const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                              int threads) {
@@ -276,7 +279,7 @@ void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count
     for (int64_t w = 0; w < count; w++) tasks += groups_of(N[w], threads);
     for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
         const int64_t rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-        #pragma omp parallel for schedule(static) num_threads(threads)
+        #pragma omp parallel for schedule(dynamic) num_threads(threads)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t n0;
             const int64_t w = weight_of_task(task, N, threads, &n0);
