@@ -13,10 +13,12 @@ libgomp's default is to spin first (GOMP_SPINCOUNT 300,000 rounds) so that the n
 region starts a few microseconds sooner. A decode step runs hundreds of short regions, and on a
 machine where other programs hold a core, the spinning thread holds a core another thread of the
 same step needs: on a loaded 2-core machine a lone agent decoded at 0.5-1 token/s spinning against
-4-20 token/s sleeping (README, "Benchmarks", `--busy`). Any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or
-KMP_BLOCKTIME set by the user keeps the runtime's own waiting; OMP_NUM_THREADS or MKL_NUM_THREADS
-keeps its thread count. The variables stay in this process's environment, so programs it starts
-inherit them; `environment_without_ours` is the environment as the user gave it.
+4-20 token/s sleeping (README, "Benchmarks", `--busy`). Waking a sleeping thread costs tens of µs a
+region (40-80 on a 2-vCPU VM), so a decode step makes few regions (engine.model.projections: q, k, v in
+one kernel call, gate and up in another) and its kernels hand out tasks as threads come free. Any of
+OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME set by the user keeps the runtime's own waiting;
+OMP_NUM_THREADS or MKL_NUM_THREADS keeps its thread count. The variables stay in this process's
+environment, so programs it starts inherit them; `environment_without_ours` is the environment as the user gave it.
 """
 from __future__ import annotations
 

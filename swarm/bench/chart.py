@@ -54,20 +54,23 @@ def write_chart(report: BenchReport, path: Path) -> Path:
 
 
 def _kv_panel(ax, configs: list[ConfigResult], trunk: int) -> None:
-    xs = range(len(configs))
-    largest = max(_value(c, "swarm_no_sharing", "kv_bytes_peak") for c in configs)
+    """Every system's KV at its peak, side by side for each N, as the wall panel draws their times."""
+    systems = [name for name in SYSTEMS if any(_ok(c, name) for c in configs)]
+    largest = max([_value(c, name, "kv_bytes_peak") or 0 for c in configs for name in systems] or [0])
     unit, scale = ("MB", MB) if largest >= MB else ("KB", KB)
-    for offset, name, label in ((-0.2, "swarm", "trunk stored once (swarm)"),
-                                (0.2, "swarm_no_sharing", "a trunk copy per agent")):
-        values = [_value(c, name, "kv_bytes_peak") for c in configs]
-        bars = ax.bar([x + offset for x in xs], [v / scale for v in values], width=0.4, label=label,
+    width = 0.8 / max(1, len(systems))
+    for i, name in enumerate(systems):
+        xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
+        values = [_value(c, name, "kv_bytes_peak") or 0 for c in configs]
+        bars = ax.bar(xs, [v / scale for v in values], width=width, label=_legend_label(configs, name),
                       color=COLORS[name])
-        ax.bar_label(bars, labels=[format_bytes(v) if v else "" for v in values], fontsize=7, padding=1)
-    ax.set_xticks(list(xs), [f"N={c.agents}" for c in configs])
+        ax.bar_label(bars, labels=[format_bytes(v) if v else "" for v in values], fontsize=6, padding=1,
+                     rotation=90)
+    ax.set_xticks(range(len(configs)), [f"N={c.agents}" for c in configs])
     ax.set_ylabel(f"KV held at peak ({unit})")
-    ax.set_title(f"KV memory, trunk {trunk:,} tokens")
-    ax.set_ylim(0, largest / scale * 1.2 or 1)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"KV memory, trunk {trunk:,} tokens (swarm stores it once)")
+    ax.set_ylim(0, largest / scale * 1.35 or 1)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
 
 
 def _wall_panel(ax, configs: list[ConfigResult]) -> None:

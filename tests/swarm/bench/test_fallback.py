@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
 from engine.loading.loader import load_model_config, resolve_model
-from swarm.bench.chart import _wall_panel
+from swarm.bench.chart import _kv_panel, _wall_panel
 from swarm.bench.fallback import PlainPathFallback
 from swarm.bench.llamacpp import CRASH_HOOK, LlamaCppRunner
 from swarm.bench.process import PeerSpec, WorkerCrashed
@@ -116,7 +116,9 @@ def test_the_bench_labels_the_rows_measured_on_the_plain_path(tiny_gguf, tmp_pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots()
-    _wall_panel(axes, report.configs)
-    assert f"llama.cpp / llama.cpp ({PLAIN})" in axes.get_legend_handles_labels()[1]
-    plt.close(figure)
+    for panel in (_wall_panel, lambda axes, configs: _kv_panel(axes, configs, 40)):   # time and memory alike
+        figure, axes = plt.subplots()
+        panel(axes, report.configs)
+        systems = [label for label in axes.get_legend_handles_labels()[1] if label != "machine floor"]
+        assert systems == ["swarm (sharing)", "swarm (no sharing)", f"llama.cpp / llama.cpp ({PLAIN})"]
+        plt.close(figure)
