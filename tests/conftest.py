@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     # anything imports triton (transformers does, through flash-linear-attention, below)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
 def _refuse_the_hub_kernels_package() -> None:
     """The Hugging Face hub's `kernels` package (a hard requirement of transformers 5.25 on) has the import
     name of swarm's kernels/: with both installed, transformers imports ours and every oracle test fails on

@@ -1,10 +1,9 @@
 """The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::quant_matmul, swarm::quant_matmul_many,
 swarm::quant_dequantize, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
-swarm::merge_attention, each taking
-and returning tensors (torch.library.custom_op; quant_dequantize writes into its `out`). Their arguments are
-checked at the boundary (kernels.cpu.entry_points), the profiler lists them, and each has a fake
-implementation giving outputs of the right shape and dtype, so torch.compile and graph capture treat them
-as opaque ops.
+swarm::merge_attention, each taking and returning tensors (torch.library.custom_op; quant_dequantize writes
+into its `out`). Their arguments are checked at the boundary (kernels.cpu.entry_points), the profiler lists
+them, and each has a fake implementation giving outputs of the right shape and dtype, so torch.compile and
+graph capture treat them as opaque ops.
 
     kernels.cpu.fused_ops, quant_matmul, native_attention   (pick the C kernel or PyTorch)
             │ ops.<name>(tensors..., library=None)

@@ -55,15 +55,12 @@ def write_chart(report: BenchReport, path: Path) -> Path:
 
 def _kv_panel(ax, configs: list[ConfigResult], trunk: int) -> None:
     """Every system's KV at its peak, side by side for each N, as the wall panel draws their times."""
-    systems = [name for name in SYSTEMS if any(_ok(c, name) for c in configs)]
+    systems = _drawn_systems(configs)
     largest = max([_value(c, name, "kv_bytes_peak") or 0 for c in configs for name in systems] or [0])
     unit, scale = ("MB", MB) if largest >= MB else ("KB", KB)
-    width = 0.8 / max(1, len(systems))
     for i, name in enumerate(systems):
-        xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
         values = [_value(c, name, "kv_bytes_peak") or 0 for c in configs]
-        bars = ax.bar(xs, [v / scale for v in values], width=width, label=_legend_label(configs, name),
-                      color=COLORS[name])
+        bars = _system_bars(ax, configs, systems, i, [v / scale for v in values])
         ax.bar_label(bars, labels=[format_bytes(v) if v else "" for v in values], fontsize=6, padding=1,
                      rotation=90)
     ax.set_xticks(range(len(configs)), [f"N={c.agents}" for c in configs])
@@ -74,12 +71,10 @@ def _kv_panel(ax, configs: list[ConfigResult], trunk: int) -> None:
 
 
 def _wall_panel(ax, configs: list[ConfigResult]) -> None:
-    systems = [name for name in SYSTEMS if any(_ok(c, name) for c in configs)]
-    width, highest = 0.8 / max(1, len(systems)), 0.0
+    systems, highest = _drawn_systems(configs), 0.0
     for i, name in enumerate(systems):
-        xs = [x - 0.4 + width * (i + 0.5) for x in range(len(configs))]
         walls = [_value(c, name, "wall_s") or 0 for c in configs]
-        bars = ax.bar(xs, walls, width=width, label=_legend_label(configs, name), color=COLORS[name])
+        bars = _system_bars(ax, configs, systems, i, walls)
         ax.bar_label(bars, labels=[_wall_label(c, name) for c in configs], fontsize=7, padding=1)
         highest = max([highest, *walls])
     for x, config in enumerate(configs):
@@ -92,6 +87,19 @@ def _wall_panel(ax, configs: list[ConfigResult]) -> None:
     ax.set_ylabel("wall time (s)")
     ax.set_title("End-to-end time (lower: faster)")
     ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def _drawn_systems(configs: list[ConfigResult]) -> list[str]:
+    """The systems measured in any of these configurations, in the table's order."""
+    return [name for name in SYSTEMS if any(_ok(c, name) for c in configs)]
+
+
+def _system_bars(ax, configs: list[ConfigResult], systems: list[str], index: int, heights: list[float]):
+    """System `index`'s bars, one per configuration, beside the other systems' in each N's slot."""
+    width = 0.8 / max(1, len(systems))
+    xs = [x - 0.4 + width * (index + 0.5) for x in range(len(configs))]
+    return ax.bar(xs, heights, width=width, label=_legend_label(configs, systems[index]),
+                  color=COLORS[systems[index]])
 
 
 def _legend_label(configs: list[ConfigResult], name: str) -> str:

@@ -255,11 +255,13 @@ static int64_t group_of(int64_t N, int threads) {
 
 static int64_t groups_of(int64_t N, int threads) { return (N + group_of(N, threads) - 1) / group_of(N, threads); }
 
-/* the weight of task `task` among the groups of every weight in turn, and its group's first column n0 */
-static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64_t *n0) {
+/* the weight of task `task` among the groups of every weight in turn, and its group's columns [n0, n1) */
+static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64_t *n0, int64_t *n1) {
     int64_t w = 0;
     for (; task >= groups_of(N[w], threads); w++) task -= groups_of(N[w], threads);
-    *n0 = task * group_of(N[w], threads);
+    const int64_t group = group_of(N[w], threads);
+    *n0 = task * group;
+    *n1 = *n0 + group < N[w] ? *n0 + group : N[w];
     return w;
 }
 
@@ -281,9 +283,8 @@ void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count
         const int64_t rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
         #pragma omp parallel for schedule(dynamic) num_threads(threads)
         for (int64_t task = 0; task < tasks; task++) {
-            int64_t n0;
-            const int64_t w = weight_of_task(task, N, threads, &n0);
-            const int64_t n1 = n0 + group_of(N[w], threads) < N[w] ? n0 + group_of(N[w], threads) : N[w];
+            int64_t n0, n1;
+            const int64_t w = weight_of_task(task, N, threads, &n0, &n1);
             float carry[GROUP_COLUMNS * MAX_ROWS * 8];
             column_range(x + r0 * K, rows, K, q[w], formats[w], N[w], bias[w], y[w] + r0 * N[w], n0, n1, carry);
         }
