@@ -1,6 +1,6 @@
 """The CPU threads the engine computes with, and how they wait for each other.
 
-torch's own ops, oneDNN's matmuls and swarm's C kernels all run on one OpenMP runtime (torch's
+torch's own ops, oneDNN's matmuls and swarm's prompt kernels run on one OpenMP runtime (torch's
 libgomp; kernels/cpu/native.py links the kernels to it). That runtime reads its settings once, as it
 loads, which is when torch is imported: `configure_openmp()` runs before that (engine/__init__.py
 calls it first) and sets, where the user has not set them:
@@ -10,15 +10,17 @@ calls it first) and sets, where the user has not set them:
     OMP_WAIT_POLICY   PASSIVE: a thread left without work sleeps at once
 
 libgomp's default is to spin first (GOMP_SPINCOUNT 300,000 rounds) so that the next parallel
-region starts a few microseconds sooner. A decode step runs hundreds of short regions, and on a
-machine where other programs hold a core, the spinning thread holds a core another thread of the
-same step needs: on a loaded 2-core machine a lone agent decoded at 0.5-1 token/s spinning against
-4-20 token/s sleeping (README, "Benchmarks", `--busy`). Waking a sleeping thread costs tens of µs a
-region (40-80 on a 2-vCPU VM), so a decode step makes few regions (engine.model.projections: q, k, v in
-one kernel call, gate and up in another) and its kernels hand out tasks as threads come free. Any of
-OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME set by the user keeps the runtime's own waiting;
-OMP_NUM_THREADS or MKL_NUM_THREADS keeps its thread count. The variables stay in this process's
-environment, so programs it starts inherit them; `environment_without_ours` is the environment as the user gave it.
+region starts a few microseconds sooner. On a machine where other programs hold a core, the spinning
+thread holds a core another thread of the same step needs: on a loaded 2-core machine a lone agent
+decoded at 0.5-1 token/s spinning against 4-20 token/s sleeping (README, "Benchmarks", `--busy`).
+Waking a sleeping thread costs tens of µs a region (40-80 on a 2-vCPU VM), and a decode step runs about
+a hundred short ones: so the decode kernels (matmuls of a few rows, decode and trunk attention) run on
+threads of their own, kernels/cpu/csrc/task_pool.c's, which spin while the machine is quiet and sleep
+while it is busy; OpenMP's threads keep the prompts' GEMMs and attention, long calls where a wake is
+nothing. Any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME set by the user keeps the runtime's own
+waiting; OMP_NUM_THREADS or MKL_NUM_THREADS keeps its thread count (both pools take torch's count). The
+variables stay in this process's environment, so programs it starts inherit them;
+`environment_without_ours` is the environment as the user gave it.
 """
 from __future__ import annotations
 

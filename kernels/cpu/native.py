@@ -11,6 +11,10 @@ on the same cores. A compiler links -fopenmp code against its own libgomp.so.1, 
 may bundle a copy under another name (libgomp-<hash>.so.1): so the kernels are linked against the
 very file torch runs on (`openmp_runtime`), found by where its omp_get_max_threads lives.
 
+The decode kernels run their tasks on csrc/task_pool.c's threads instead (engine/cpu_threads.py says why).
+That pool is a library of its own, built first, and every kernel that includes task_pool.h is linked against
+that one file, so the process holds one such pool however many kernels use it.
+
     CC   the compiler to use (default: cc, then gcc, then clang)
 """
 from __future__ import annotations
@@ -30,6 +34,8 @@ from pathlib import Path
 import torch
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
+POOL = "task_pool"   # csrc/task_pool.c: the decode kernels' threads, a library of its own
+POOL_FLAGS = ("-O2", "-pthread", "-shared", "-fPIC")
 SOURCE_DIR = Path(__file__).parent / "csrc"
 
 
@@ -42,24 +48,55 @@ def cache_dir() -> Path:
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
+    path = library_path(name)
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as err:
+        warnings.warn(f"could not load the {name} kernel ({err}): using PyTorch instead")
+        return None
+
+
+def library_path(name: str) -> Path | None:
+    """The built library of csrc/<name>.c in the cache, built first where it is not there; None (with a
+    warning) where it cannot be built."""
     headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
     source = (SOURCE_DIR / f"{name}.c").read_bytes() + headers
     compiler = _compiler()
     if compiler is None:
         warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
         return None
-    target = cache_dir() / f"{name}-{_build_key(source, compiler)}.so"
+    flags, libraries = build_flags(name)
+    target = cache_dir() / f"{name}-{_build_key(source, flags + libraries, compiler)}.so"
     for _ in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
-        error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", target)
+        error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", flags, libraries, target)
         if error:
             break
         try:
-            return ctypes.CDLL(str(target))
+            ctypes.CDLL(str(target))
+            return target
         except OSError as err:
             error = str(err)
             target.unlink(missing_ok=True)
     warnings.warn(f"could not build the {name} kernel with {compiler} ({error}): using PyTorch instead")
     return None
+
+
+def build_flags(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The compiler's arguments for csrc/<name>.c: those before the source and the libraries after it."""
+    if name == POOL:
+        return POOL_FLAGS, ()
+    return FLAGS, link_flags() + pool_flags(name)
+
+
+def pool_flags(name: str) -> tuple[str, ...]:
+    """For a kernel that runs its tasks on task_pool.c's threads (it includes task_pool.h), the pool's
+    library to link against, found again at load by its path: one pool for every kernel in the process."""
+    if f'#include "{POOL}.h"' not in (SOURCE_DIR / f"{name}.c").read_text():
+        return ()
+    pool = library_path(POOL)
+    return () if pool is None else (str(pool),)
 
 
 def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
@@ -113,8 +150,8 @@ def _compiler() -> str | None:
     return None
 
 
-def _build_key(source: bytes, compiler: str) -> str:
-    parts = [source, " ".join(FLAGS + link_flags()).encode(), compiler.encode(), _compiler_version(compiler).encode(),
+def _build_key(source: bytes, flags: tuple[str, ...], compiler: str) -> str:
+    parts = [source, " ".join(flags).encode(), compiler.encode(), _compiler_version(compiler).encode(),
              platform.machine().encode(), _cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
@@ -136,7 +173,8 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
-def _build(compiler: str, source: Path, target: Path) -> str | None:
+def _build(compiler: str, source: Path, flags: tuple[str, ...], libraries: tuple[str, ...],
+           target: Path) -> str | None:
     """Compiles to a temporary file and renames it into place, so a half-written library is never loaded."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +183,7 @@ def _build(compiler: str, source: Path, target: Path) -> str | None:
     except OSError as err:
         return f"cannot write to {target.parent}: {err.strerror or err}; set SWARM_CACHE_DIR"
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), *link_flags(), "-o", partial], capture_output=True,
+        done = subprocess.run([compiler, *flags, str(source), *libraries, "-o", partial], capture_output=True,
                               text=True, timeout=300)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()

@@ -34,13 +34,14 @@ def _build(name: str, variant: str, flags: list[str]) -> ctypes.CDLL:
     if compiler is None or shutil.which(compiler) is None:
         pytest.skip("no C compiler")
     source = native.SOURCE_DIR / f"{name}.c"
-    target = native.cache_dir() / f"{name}-{variant}-{_key(source, flags, compiler)}.so"
+    _, libraries = native.build_flags(name)
+    target = native.cache_dir() / f"{name}-{variant}-{_key(source, flags + list(libraries), compiler)}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
         os.close(fd)
-        built = subprocess.run([compiler, *flags, "-fopenmp", "-shared", "-fPIC", str(source), *native.link_flags(),
-                                "-o", partial], capture_output=True, text=True)
+        built = subprocess.run([compiler, *flags, "-fopenmp", "-shared", "-fPIC", str(source), *libraries, "-o",
+                                partial], capture_output=True, text=True)
         if built.returncode != 0:
             os.unlink(partial)
             pytest.skip(f"this compiler cannot build {' '.join(flags)}: {built.stderr.strip()[:200]}")
@@ -50,6 +51,6 @@ def _build(name: str, variant: str, flags: list[str]) -> ctypes.CDLL:
 
 def _key(source: Path, flags: list[str], compiler: str) -> str:
     headers = b"".join(header.read_bytes() for header in sorted(native.SOURCE_DIR.glob("*.h")))
-    parts = [source.read_bytes(), headers, " ".join(flags + list(native.link_flags())).encode(), compiler.encode(),
+    parts = [source.read_bytes(), headers, " ".join(flags).encode(), compiler.encode(),
              native._compiler_version(compiler).encode(), native._cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]

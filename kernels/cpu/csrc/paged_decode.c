@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "attention_tiles.h"
+#include "task_pool.h"
 
 #define CHUNK 256   /* tokens a task */
 #define AHEAD 8     /* tokens */
@@ -115,36 +116,38 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
     }
 }
 
-/* every chunk's task, then every query head's merge, spread over the threads; nonzero
-   when scratch memory ran out */
+typedef struct {
+    const Problem *p;
+    const int64_t *lengths, *first_chunk, *owner;
+    float *partials, *probs;   /* probs: heads x CHUNK scores for each thread */
+} Chunks;
+
+static void chunk_of(void *context, int64_t c, int slot) {
+    const Chunks *t = context;
+    const Problem *p = t->p;
+    const int64_t b = t->owner[c], first = (c - t->first_chunk[b]) * CHUNK;
+    const int64_t len = context_of(t->lengths, b, p->width, p->block_size);
+    chunk_task(p, b, first, len - first < CHUNK ? len - first : CHUNK, t->probs + slot * p->heads * CHUNK,
+               t->partials + c * p->heads * (p->dim + 2));
+}
+
+/* every chunk's task on the pool's threads, then every query head's merge (a few µs: not worth waking
+   them again); nonzero when scratch memory ran out */
 static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, const int64_t *first_chunk,
                      const int64_t *owner, float *partials, float *out, float *lse, int threads) {
-    const int64_t chunks = first_chunk[batch], part = p->heads * (p->dim + 2), dim = p->dim;
-    int failed = 0;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *probs = malloc(sizeof(float) * (size_t)(p->heads * CHUNK));
-        if (!probs) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for schedule(dynamic)
-        for (int64_t c = 0; c < chunks; c++) {
-            if (!probs) continue;
-            const int64_t b = owner[c], first = (c - first_chunk[b]) * CHUNK;
-            const int64_t len = context_of(lengths, b, p->width, p->block_size);
-            chunk_task(p, b, first, len - first < CHUNK ? len - first : CHUNK, probs, partials + c * part);
-        }
-        #pragma omp for schedule(static)
-        for (int64_t head = 0; head < batch * p->heads; head++) {
-            if (failed) continue;
-            const int64_t b = head / p->heads;
-            merge_chunks(partials + first_chunk[b] * part + head % p->heads * (dim + 2),
-                         first_chunk[b + 1] - first_chunk[b], part, dim, out + head * dim, lse + head);
-        }
-        free(probs);
+    const int64_t part = p->heads * (p->dim + 2), dim = p->dim;
+    if (threads < 1) threads = 1;
+    float *probs = malloc(sizeof(float) * (size_t)(threads * p->heads * CHUNK));
+    if (!probs) return 1;
+    Chunks tasks = {p, lengths, first_chunk, owner, partials, probs};
+    swarm_pool_run(chunk_of, &tasks, first_chunk[batch], threads);
+    free(probs);
+    for (int64_t head = 0; head < batch * p->heads; head++) {
+        const int64_t b = head / p->heads;
+        merge_chunks(partials + first_chunk[b] * part + head % p->heads * (dim + 2),
+                     first_chunk[b + 1] - first_chunk[b], part, dim, out + head * dim, lse + head);
     }
-    return failed;
+    return 0;
 }
 
 /* q: [batch, heads, dim]; k_cache, v_cache: [blocks, block_size, kv_heads, dim]; tables:

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "task_pool.h"
+
 #define CHUNK 256     /* keys per task: 8 tasks per KV head at a 2,048-token trunk */
 
 typedef struct {
@@ -39,31 +41,39 @@ static void chunk_attention(const float *qt, const float *k, const float *v, Sha
     chunk_partial(st, sums, v, s.stride, s.rows, cols, n, s.dim, partial);
 }
 
-/* every (KV head, chunk) task, spread over the threads; nonzero when scratch memory ran out */
+typedef struct {
+    const float *queries_t, *k, *v;
+    Shape s;
+    int64_t chunks, keys;
+    float scale;
+    float *partials, *st, *sums;   /* st, sums: each thread's scratch */
+} Chunks;
+
+static void chunk_of(void *context, int64_t task, int slot) {
+    const Chunks *t = context;
+    const Shape s = t->s;
+    const int64_t h = task / t->chunks, first = task % t->chunks * CHUNK;
+    const int64_t n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
+    const int64_t at = first * s.stride + h * s.dim;
+    chunk_attention(t->queries_t + h * s.dim * s.padded_rows, t->k + at, t->v + at, s, n, t->scale,
+                    t->st + slot * CHUNK * s.padded_rows, t->sums + slot * 2 * s.padded_rows,
+                    t->partials + task * s.rows * (s.dim + 2));
+}
+
+/* every (KV head, chunk) task on the pool's threads; nonzero when scratch memory ran out */
 static int run_chunks(const float *queries_t, const float *k, const float *v, Shape s, int64_t kv_heads,
                       int64_t keys, float scale, float *partials, int threads) {
     const int64_t chunks = (keys + CHUNK - 1) / CHUNK;
-    int failed = 0;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *st = malloc(sizeof(float) * (size_t)(CHUNK * s.padded_rows));
-        float *sums = malloc(sizeof(float) * (size_t)(2 * s.padded_rows));
-        if (!st || !sums) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for schedule(dynamic)   /* as quant_matmul.c's: a thread woken late takes fewer */
-        for (int64_t task = 0; task < kv_heads * chunks; task++) {
-            if (!st || !sums) continue;
-            const int64_t h = task / chunks, first = task % chunks * CHUNK;
-            const int64_t n = keys - first < CHUNK ? keys - first : CHUNK;
-            const int64_t at = first * s.stride + h * s.dim;
-            chunk_attention(queries_t + h * s.dim * s.padded_rows, k + at, v + at, s, n, scale, st, sums,
-                            partials + task * s.rows * (s.dim + 2));
-        }
-        free(st);
-        free(sums);
+    if (threads < 1) threads = 1;
+    float *st = malloc(sizeof(float) * (size_t)(threads * CHUNK * s.padded_rows));
+    float *sums = malloc(sizeof(float) * (size_t)(threads * 2 * s.padded_rows));
+    const int failed = !st || !sums;
+    if (!failed) {
+        Chunks tasks = {queries_t, k, v, s, chunks, keys, scale, partials, st, sums};
+        swarm_pool_run(chunk_of, &tasks, kv_heads * chunks, threads);
     }
+    free(st);
+    free(sums);
     return failed;
 }
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "quant_blocks.h"
+#include "task_pool.h"
 
 #define ROW_TILE 8
 #define MAX_ROWS 64          /* rows a pass (kernels/cpu/quant_matmul.py sends no more for decode) */
@@ -268,26 +269,39 @@ static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64
 /* x: [M, K] float32; for each of `count` weights w, q[w]: [N[w], K / block values * block bytes] its blocks in
  * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
  * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
- * of one parallel region (a decode step's q, k and v, or gate and up: waking the threads once instead of for
- * each weight), and each column is computed as it would be alone. The tasks are taken as threads come free:
- * a sleeping thread takes tens of µs to wake (a VM's idle vCPU more), and with fixed shares the first thread
- * would finish its own and sleep again at the barrier, to be woken in turn (SmolLM2's q_proj, 1 row, 2 threads
- * on a 2-vCPU VM: 106-123 µs a call with fixed shares, 65-88 µs taken as they come, 34 µs spinning). Rows go
- * MAX_ROWS at a time; a group's lane sums wait in carry between spans. */
+ * of one job of task_pool.c's threads (a decode step's q, k and v, or gate and up: one job instead of one for
+ * each weight), and each column is computed as it would be alone, whichever thread takes it. Rows go MAX_ROWS
+ * at a time; a group's lane sums wait in carry between spans. */
+typedef struct {
+    const float *x;
+    int64_t M, K;
+    const uint8_t *const *q;
+    const int *formats;
+    const int64_t *N;
+    const float *const *bias;
+    float *const *y;
+    int threads;
+} Weights;
+
+static void column_task(void *context, int64_t task, int slot) {
+    (void)slot;
+    const Weights *s = context;
+    int64_t n0, n1;
+    const int64_t w = weight_of_task(task, s->N, s->threads, &n0, &n1);
+    float carry[GROUP_COLUMNS * MAX_ROWS * 8];
+    column_range(s->x, s->M, s->K, s->q[w], s->formats[w], s->N[w], s->bias[w], s->y[w], n0, n1, carry);
+}
+
 void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
                              const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                              int threads) {
     int64_t tasks = 0;
     for (int64_t w = 0; w < count; w++) tasks += groups_of(N[w], threads);
+    float *rows_y[count > 0 ? count : 1];
     for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
-        const int64_t rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-        #pragma omp parallel for schedule(dynamic) num_threads(threads)
-        for (int64_t task = 0; task < tasks; task++) {
-            int64_t n0, n1;
-            const int64_t w = weight_of_task(task, N, threads, &n0, &n1);
-            float carry[GROUP_COLUMNS * MAX_ROWS * 8];
-            column_range(x + r0 * K, rows, K, q[w], formats[w], N[w], bias[w], y[w] + r0 * N[w], n0, n1, carry);
-        }
+        for (int64_t w = 0; w < count; w++) rows_y[w] = y[w] + r0 * N[w];
+        Weights span = {x + r0 * K, M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, K, q, formats, N, bias, rows_y, threads};
+        swarm_pool_run(column_task, &span, tasks, threads);
     }
 }
 

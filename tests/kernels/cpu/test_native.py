@@ -1,5 +1,6 @@
 """kernels/cpu/native.py links the C kernels against the OpenMP runtime torch runs on, so that a process
-holds one pool of OpenMP threads: checked in real subprocesses by the files mapped into them."""
+holds one pool of OpenMP threads, and the decode kernels against one build of task_pool.c, so that it holds one
+pool of theirs: checked in real subprocesses by the files mapped into them."""
 import json
 import re
 import subprocess
@@ -12,13 +13,16 @@ from kernels.cpu import native
 
 ROOT = Path(__file__).parents[3]
 KERNELS = sorted(source.stem for source in native.SOURCE_DIR.glob("*.c"))
+OPENMP_KERNELS = [name for name in KERNELS if "#pragma omp" in (native.SOURCE_DIR / f"{name}.c").read_text()]
+POOL_KERNELS = [name for name in KERNELS if native.pool_flags(name)]
 HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
 MAPPED_RUNTIMES = """
 import json, os, re
-def mapped_openmp_runtimes():
+def mapped(pattern):
     paths = {line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps") if len(line.split(maxsplit=5)) == 6}
-    runtimes = {os.path.realpath(p) for p in paths if re.match(r"lib(gomp|iomp5|omp)\\b", os.path.basename(p))}
-    return sorted(runtimes)
+    return sorted({os.path.realpath(p) for p in paths if re.match(pattern, os.path.basename(p))})
+def mapped_openmp_runtimes():
+    return mapped(r"lib(gomp|iomp5|omp)\\b")
 """
 
 pytestmark = [pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)"),
@@ -46,7 +50,7 @@ def test_openmp_runtime_is_the_one_torch_calls():
     assert str(runtime) in mapped_runtimes_after("import torch")
 
 
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("name", OPENMP_KERNELS)
 def test_a_kernel_loaded_on_its_own_finds_torchs_runtime(name):
     """Without torch in the process, the dynamic linker finds the runtime from the kernel alone:
     the file it was linked against, not the compiler's libgomp.so.1."""
@@ -59,3 +63,18 @@ def test_torch_and_every_kernel_share_one_openmp_runtime():
         built(name)   # here, so that the subprocess finds them in the cache
     code = f"from kernels.cpu import native\nfor name in {KERNELS!r}:\n    assert native.load(name) is not None, name"
     assert mapped_runtimes_after(code) == [str(native.openmp_runtime())]
+
+
+def test_the_decode_kernels_are_on_the_task_pool():
+    assert {"quant_matmul", "paged_decode", "prefix_attention"} <= set(POOL_KERNELS)
+    assert native.POOL not in OPENMP_KERNELS
+
+
+def test_every_decode_kernel_shares_one_task_pool():
+    paths = [built(name) for name in POOL_KERNELS]
+    code = "".join(f"ctypes.CDLL({path!r})\n" for path in paths)
+    script = MAPPED_RUNTIMES + "import ctypes\n" + code + "print(json.dumps(mapped(r'task_pool-')))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [str(native.library_path(native.POOL))]
