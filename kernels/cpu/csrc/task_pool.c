@@ -31,8 +31,8 @@
 #include <time.h>
 
 #define MAX_WORKERS 255
-#define CONTENDED_NS 200000000LL   /* idle threads sleep at once for 200 ms after contention is seen */
-#define OFF_CORE_NS 500000LL       /* a spinning thread kept off its core this long: a sign of contention */
+#define CONTENDED_NS 50000000LL   /* idle threads sleep at once for 50 ms after contention is seen */
+#define OFF_CORE_NS 1000000LL      /* a spinning thread kept off its core this long: a sign of contention */
 #define SIGNS_WITHIN_NS 50000000LL /* two signs this close: contention */
 #define WATCH_NS 5000000LL         /* a caller looks for its own preemption at most this often */
 #define CALLER_SHARE 0.7           /* a caller that ran less of the time since it last looked: a sign */
