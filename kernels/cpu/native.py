@@ -48,14 +48,8 @@ def cache_dir() -> Path:
 @functools.cache
 def load(name: str) -> ctypes.CDLL | None:
     """kernels/<name>.c as a loaded library, built on first use; None where it cannot be built."""
-    path = library_path(name)
-    if path is None:
-        return None
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError as err:
-        warnings.warn(f"could not load the {name} kernel ({err}): using PyTorch instead")
-        return None
+    path = library_path(name)   # loaded once already there, to know it loads
+    return None if path is None else ctypes.CDLL(str(path))
 
 
 def library_path(name: str) -> Path | None:

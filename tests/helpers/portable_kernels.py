@@ -5,11 +5,7 @@ back loaded with its functions declared (kernels.cpu.entry_points.SIGNATURES), f
 The builds are cached beside the native ones (kernels.cpu.native.cache_dir), keyed like them by the
 source, its headers, the flags and the compiler: some kernels take many seconds to compile."""
 import ctypes
-import hashlib
-import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,23 +30,11 @@ def _build(name: str, variant: str, flags: list[str]) -> ctypes.CDLL:
     if compiler is None or shutil.which(compiler) is None:
         pytest.skip("no C compiler")
     source = native.SOURCE_DIR / f"{name}.c"
-    _, libraries = native.build_flags(name)
-    target = native.cache_dir() / f"{name}-{variant}-{_key(source, flags + list(libraries), compiler)}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
-        os.close(fd)
-        built = subprocess.run([compiler, *flags, "-fopenmp", "-shared", "-fPIC", str(source), *libraries, "-o",
-                                partial], capture_output=True, text=True)
-        if built.returncode != 0:
-            os.unlink(partial)
-            pytest.skip(f"this compiler cannot build {' '.join(flags)}: {built.stderr.strip()[:200]}")
-        os.replace(partial, target)
-    return native.declare(ctypes.CDLL(str(target)), entry_points.SIGNATURES[name])
-
-
-def _key(source: Path, flags: list[str], compiler: str) -> str:
     headers = b"".join(header.read_bytes() for header in sorted(native.SOURCE_DIR.glob("*.h")))
-    parts = [source.read_bytes(), headers, " ".join(flags).encode(), compiler.encode(),
-             native._compiler_version(compiler).encode(), native._cpu_flags().encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    all_flags = (*flags, "-fopenmp", "-shared", "-fPIC")
+    _, libraries = native.build_flags(name)
+    key = native._build_key(source.read_bytes() + headers, all_flags + libraries, compiler)
+    target = native.cache_dir() / f"{name}-{variant}-{key}.so"
+    if not target.exists() and (error := native._build(compiler, source, all_flags, libraries, target)):
+        pytest.skip(f"this compiler cannot build {' '.join(flags)}: {error[:200]}")
+    return native.declare(ctypes.CDLL(str(target)), entry_points.SIGNATURES[name])

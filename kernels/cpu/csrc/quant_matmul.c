@@ -266,12 +266,6 @@ static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64
     return w;
 }
 
-/* x: [M, K] float32; for each of `count` weights w, q[w]: [N[w], K / block values * block bytes] its blocks in
- * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
- * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
- * of one job of task_pool.c's threads (a decode step's q, k and v, or gate and up: one job instead of one for
- * each weight), and each column is computed as it would be alone, whichever thread takes it. Rows go MAX_ROWS
- * at a time; a group's lane sums wait in carry between spans. */
 typedef struct {
     const float *x;
     int64_t M, K;
@@ -292,6 +286,12 @@ static void column_task(void *context, int64_t task, int slot) {
     column_range(s->x, s->M, s->K, s->q[w], s->formats[w], s->N[w], s->bias[w], s->y[w], n0, n1, carry);
 }
 
+/* x: [M, K] float32; for each of `count` weights w, q[w]: [N[w], K / block values * block bytes] its blocks in
+ * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
+ * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
+ * of one job of task_pool.c's threads (a decode step's q, k and v, or gate and up: one job instead of one for
+ * each weight), and each column is computed as it would be alone, whichever thread takes it. Rows go MAX_ROWS
+ * at a time; a group's lane sums wait in carry between spans. */
 void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
                              const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                              int threads) {

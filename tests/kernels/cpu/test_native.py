@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="r
               pytest.mark.skipif(native.openmp_runtime() is None, reason="this torch has no OpenMP runtime")]
 
 
-def mapped_runtimes_after(code: str) -> list[str]:
-    script = MAPPED_RUNTIMES + code + "\nprint(json.dumps(mapped_openmp_runtimes()))"
+def mapped_runtimes_after(code: str, listed: str = "mapped_openmp_runtimes()") -> list[str]:
+    """the files `listed` names (a call of the helpers above) once `code` has run in a fresh process"""
+    script = MAPPED_RUNTIMES + code + f"\nprint(json.dumps({listed}))"
     done = subprocess.run([sys.executable, "-c", script],
                           cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr
@@ -71,10 +72,5 @@ def test_the_decode_kernels_are_on_the_task_pool():
 
 
 def test_every_decode_kernel_shares_one_task_pool():
-    paths = [built(name) for name in POOL_KERNELS]
-    code = "".join(f"ctypes.CDLL({path!r})\n" for path in paths)
-    script = MAPPED_RUNTIMES + "import ctypes\n" + code + "print(json.dumps(mapped(r'task_pool-')))"
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [str(native.library_path(native.POOL))]
+    code = "import ctypes\n" + "".join(f"ctypes.CDLL({built(name)!r})\n" for name in POOL_KERNELS)
+    assert mapped_runtimes_after(code, "mapped(r'task_pool-')") == [str(native.library_path(native.POOL))]
