@@ -32,6 +32,7 @@ typedef __m512i vint;
 #define VF_ADD _mm512_add_ps
 #define VF_SUB _mm512_sub_ps
 #define VF_FMADD _mm512_fmadd_ps
+#define VF_FMSUB _mm512_fmsub_ps
 #define VF_ZERO _mm512_setzero_ps
 #define VF_LOAD _mm512_load_ps
 #define LANE_INDEX _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7)
@@ -80,6 +81,7 @@ typedef __m256i vint;
 #define VF_ADD _mm256_add_ps
 #define VF_SUB _mm256_sub_ps
 #define VF_FMADD _mm256_fmadd_ps
+#define VF_FMSUB _mm256_fmsub_ps
 #define VF_ZERO _mm256_setzero_ps
 #define VF_LOAD _mm256_load_ps
 #define LANE_INDEX _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
@@ -195,24 +197,24 @@ INLINE vfloat chunk_of(int format, const uint8_t *a, const uint8_t *b, int s, in
     switch (format) {
         case Q8_0: return VF_MUL(TO_FLOAT(I8_TO_I32(bytes8(a + 2 + 8 * j, b + 2 + 8 * j))), h.d_low);
         case Q4_0: return VF_MUL(h.d_low, TO_FLOAT(VI_SUB(nibbles(a + 2 + at, b + 2 + at, high), VI_SET1(8))));
-        case Q4_1: return VF_ADD(VF_MUL(h.d_low, TO_FLOAT(nibbles(a + 4 + at, b + 4 + at, high))), h.m);
+        case Q4_1: return VF_FMADD(h.d_low, TO_FLOAT(nibbles(a + 4 + at, b + 4 + at, high)), h.m);
         case Q5_0: {
             const vint q = VI_OR(nibbles(a + 6 + at, b + 6 + at, high), q5_high(h.qh, j));
             return VF_MUL(h.d_low, TO_FLOAT(VI_SUB(q, VI_SET1(16))));
         }
         case Q5_1: {
             const vint q = VI_OR(nibbles(a + 8 + at, b + 8 + at, high), q5_high(h.qh, j));
-            return VF_ADD(VF_MUL(h.d_low, TO_FLOAT(q)), h.m);
+            return VF_FMADD(h.d_low, TO_FLOAT(q), h.m);
         }
         case Q4_K: {
             const int64_t low = 16 + 32 * (s / 2) + 8 * j;
-            return VF_SUB(VF_MUL(h.d_low, TO_FLOAT(k_bits(a + low, b + low, h.low_shift, 0x0F))), h.m);
+            return VF_FMSUB(h.d_low, TO_FLOAT(k_bits(a + low, b + low, h.low_shift, 0x0F)), h.m);
         }
         case Q5_K: {
             const int64_t low = 48 + 32 * (s / 2) + 8 * j, top = 16 + 8 * j;
             const vint q = VI_OR(k_bits(a + low, b + low, h.low_shift, 0x0F),
                                  VI_SLLI(k_bits(a + top, b + top, h.high_shift, 1), 4));
-            return VF_SUB(VF_MUL(h.d_low, TO_FLOAT(q)), h.m);
+            return VF_FMSUB(h.d_low, TO_FLOAT(q), h.m);
         }
         default: {   /* Q6_K */
             const int64_t low = 64 * (s / 4) + 32 * (s & 1) + 8 * j, top = 128 + 32 * (s / 4) + 8 * j;
@@ -231,7 +233,7 @@ INLINE vint q4_k_pair_bytes(const uint8_t *a, const uint8_t *b, int g, int j) {
 /* chunk j of Q4_K sub-block 2 g + t (t a constant) from the pair's bytes: chunk_of's values */
 INLINE vfloat q4_k_pair_chunk(vint bytes, int t, sub_header h) {
     const vint q = t ? VI_SRLI(bytes, 4) : VI_AND(bytes, VI_SET1(0x0F));
-    return VF_SUB(VF_MUL(h.d_low, TO_FLOAT(q)), h.m);
+    return VF_FMSUB(h.d_low, TO_FLOAT(q), h.m);
 }
 
 /* blocks [b0, b1) of `vectors` vectors' columns, col[0 ..) (each a row of blocks), to float32: chunk k of the
