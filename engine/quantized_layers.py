@@ -18,6 +18,7 @@ from torch import nn
 
 from engine import prompt_matmul
 from kernels.cpu import quant_matmul as cpu_kernel
+from kernels.cpu.weight_set import WeightSet
 from kernels.reference import gguf_dequant
 from kernels.reference.quant_blocks import QuantizedTensor
 from kernels.reference.quant_matmul import DequantScratch, dequant_matmul
@@ -36,14 +37,24 @@ class QuantizedLinear(nn.Module):
         self._cpu_kernel = on_cpu and cpu_kernel.supports(weight.format) and cpu_kernel.available()
         self._triton = None if on_cpu else _triton_matmul(weight.format)
         self._expand = _cpu_expander(weight.format) if on_cpu else None
+        self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return cpu_kernel.quant_matmul(x, self.quantized, self.bias)
+            return self.weight_set_with(())(x)[0]
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
                                                  dequantize=self._expand)
+
+    def weight_set_with(self, others: tuple[QuantizedLinear, ...]) -> WeightSet:
+        """The CPU kernel's WeightSet of this layer's weight and then the others', made on first use."""
+        key = tuple(id(layer) for layer in others)
+        if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
+            layers = (self, *others)
+            self._weight_sets[key] = layers, WeightSet([layer.quantized for layer in layers],
+                                                       [layer.bias for layer in layers])
+        return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"
@@ -55,7 +66,7 @@ def together(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | N
     if not (all(isinstance(layer, QuantizedLinear) and layer._cpu_kernel for layer in layers)
             and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now()):
         return None
-    return cpu_kernel.quant_matmul_many(x, [layer.quantized for layer in layers], [layer.bias for layer in layers])
+    return layers[0].weight_set_with(tuple(layers[1:]))(x)
 
 
 def each_of(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:

@@ -26,6 +26,7 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
     "quant_matmul": {
         "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
         "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
+        "swarm_quant_matmul_set": ([_ptr, _ptr, _i64, _ptr, _int], None),
         "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,

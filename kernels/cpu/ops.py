@@ -36,6 +36,11 @@ _profiling = torch._C._autograd._profiler_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
+def torch_is_watching() -> bool:
+    """Whether a call must go through its op, for torch to see it."""
+    return _compiling() or _profiling() or _dispatch_modes()
+
+
 def built(source: str) -> ctypes.CDLL:
     library = entry_points.library(source)
     assert library is not None, f"the {source} kernel is not built here: its caller checks available() first"
@@ -54,7 +59,7 @@ class Kernel:
     def __call__(self, *args, library: ctypes.CDLL | None = None):
         """The op's result. library: another build of the source (tests), called directly."""
         if library is None:
-            if _compiling() or _profiling() or _dispatch_modes():
+            if torch_is_watching():
                 return self.op(*args)
             library = self._built or self._build()
         return self.call_c(library, *args)

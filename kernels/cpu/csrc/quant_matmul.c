@@ -21,6 +21,7 @@
 #define SPAN_VALUES 768      /* of the K axis at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
 #define GROUP_COLUMNS 32     /* a thread's columns a task at most, their lane sums waiting in carry between spans */
 #define ROWS_A_TASK 16       /* of the expansion: threads take rows 16 at a time */
+#define PREFETCH_BYTES 4096  /* of a weight, ahead of the pass that reads it */
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include "quant_chunks.h"
@@ -43,14 +44,16 @@ static inline float sum_lanes(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Block b of the next pass's columns, once a cache line: hardware prefetching follows each column's row,
-   not the jump to the next rows (a weight streaming from memory: 0.7-0.9 of the time without). */
-INLINE void prefetch_next_pass(int format, const uint8_t *const *col, int columns, int64_t row_bytes, int64_t b) {
+/* Block b of the columns PREFETCH_BYTES on (whole passes), once a cache line: hardware prefetching follows
+   each column's row, not the jump to the next rows (a weight streaming from memory: 0.7-0.9 of the time
+   without); a pass ahead is too near for a 1-row pass (SmolLM2's gate and up from memory, 1 row: 164 ->
+   134 us with 4 passes ahead). */
+INLINE void prefetch_ahead(int format, const uint8_t *const *col, int columns, int64_t ahead, int64_t b) {
     const int64_t bb = block_bytes(format), every = bb < 64 ? 64 / bb : 1;
     if (b % every) return;
     for (int c = 0; c < columns; c++)
         for (int64_t line = 0; line < bb; line += 64)
-            _mm_prefetch((const char *)(col[c] + columns * row_bytes + b * bb + line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(col[c] + ahead + b * bb + line), _MM_HINT_T0);
 }
 
 /* Sub-block s of block b (blocks[c]: column c's; d, m: their scales) against the tile's rows of x (xr),
@@ -90,14 +93,14 @@ INLINE void q4_k_pair_dot(int tile, const uint8_t *const *blocks, const float *c
 }
 
 /* Block b of the pass's columns (col[c]: column c's row of blocks) into acc. */
-INLINE void block_dot(int format, int tile, const uint8_t *const *col, int64_t row_bytes, int64_t b,
+INLINE void block_dot(int format, int tile, const uint8_t *const *col, int64_t ahead, int64_t b,
                       const float *const *xr, vfloat (*acc)[4]) {
     const int columns = VECTORS_A_PASS(tile) * COLUMNS_A_VECTOR, bv = block_values(format);
     const int64_t bb = block_bytes(format);
     const uint8_t *blocks[COLUMNS_AT_ONCE];
     const float *d[COLUMNS_AT_ONCE], *m[COLUMNS_AT_ONCE];
     k_scales ks[COLUMNS_AT_ONCE];
-    prefetch_next_pass(format, col, columns, row_bytes, b);
+    prefetch_ahead(format, col, columns, ahead, b);
     for (int c = 0; c < columns; c++) {
         blocks[c] = col[c] + b * bb;
         if (is_k_quant(format)) k_scales_of(format, blocks[c], &ks[c]), d[c] = ks[c].d, m[c] = ks[c].m;
@@ -135,7 +138,8 @@ INLINE void tile_dot(const float *x, int64_t row0, int tile, int rows, int64_t K
             acc[i][h] = first == 0 || i >= rows ? VF_ZERO() : halves(carry + low * per_column + 8 * i,
                                                                      carry + high * per_column + 8 * i);
         }
-    for (int64_t b = first; b < last; b++) block_dot(format, tile, col, row_bytes, b, xr, acc);
+    const int64_t pass = vectors * COLUMNS_A_VECTOR * row_bytes, ahead = (PREFETCH_BYTES + pass - 1) / pass * pass;
+    for (int64_t b = first; b < last; b++) block_dot(format, tile, col, ahead, b, xr, acc);
     const int bv = block_values(format);
     for (int i = 0; i < rows; i++)
         for (int c = 0; c < count; c++) {
@@ -288,6 +292,21 @@ void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count
         Weights span = {x + r0 * K, M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, K, q, formats, N, bias, rows_y, threads};
         swarm_pool_run(column_task, &span, tasks, threads);
     }
+}
+
+/* Weights that take the same x (a layer's q, k and v; its gate and up; or one), as swarm_quant_matmul_many's
+ * arguments, described once by kernels/cpu/weight_set.py: a decode step's call passes only x and the outputs
+ * (ctypes spends about a microsecond an argument). */
+typedef struct {
+    int64_t count, K;
+    const uint8_t *const *q;
+    const int *formats;
+    const int64_t *N;
+    const float *const *bias;
+} swarm_weight_set;
+
+void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads) {
+    swarm_quant_matmul_many(x, M, set->K, set->count, set->q, set->formats, set->N, set->bias, y, threads);
 }
 
 /* swarm_quant_matmul_many for one weight */

@@ -1,0 +1,64 @@
+"""Weights that take the same x (a decode step's q, k and v; its gate and up; or one weight), described to the
+quantized matmul kernel once.
+
+swarm::quant_matmul_many checks every weight's blocks and builds ctypes arrays of their pointers on each call:
+for SmolLM2's q, k and v that was 23 µs a call around a kernel of 10-40 µs, about 2 ms of a 22 ms decode step.
+A WeightSet checks the weights and builds the kernel's description of them (csrc/quant_matmul.c's
+swarm_weight_set) once; a call checks x, allocates the outputs and passes the two. The arithmetic is the
+kernel's, so the outputs are quant_matmul_many's bit for bit. While torch is watching (compiling, tracing,
+profiling) a call goes through the op instead (swarm::quant_matmul for one weight), for torch to see it.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.cpu import entry_points, ops
+from kernels.cpu.checks import expect_rank, refusal
+from kernels.reference.quant_blocks import QuantizedTensor
+
+_ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+OP = "quant_matmul_many"
+
+
+class _Description(ctypes.Structure):
+    _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
+                ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr))]
+
+
+class WeightSet:
+    """`set(x)` is quant_matmul_many(x, weights, biases): for each weight, x @ W.T + bias."""
+
+    def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
+                 library: ctypes.CDLL | None = None):
+        self.blocks = [weight.blocks for weight in weights]
+        self.codes = [entry_points.QUANT_FORMATS[weight.format][0] for weight in weights]
+        self.biases = list(biases)
+        self.cols = weights[0].cols
+        self.rows = [weight.shape[0] for weight in weights]
+        entry_points.quant_matmul_many_outputs(torch.empty(0, self.cols), self.blocks, self.codes, self.cols,
+                                               self.biases)   # refuses what the kernel cannot read
+        self._library = library
+        count = len(weights)
+        self._arrays = ((_ptr * count)(*(b.data_ptr() for b in self.blocks)), (_int * count)(*self.codes),
+                        (_i64 * count)(*self.rows), (_ptr * count)(*(None if b is None else b.data_ptr()
+                                                                     for b in self.biases)))
+        self._description = ctypes.byref(_Description(count, self.cols, *self._arrays))
+        self._outputs = _ptr * count
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self._library is None and ops.torch_is_watching():
+            if len(self.blocks) == 1:
+                format = entry_points.FORMAT_OF_CODE[self.codes[0]]
+                return [ops.quant_matmul(x, self.blocks[0], format, self.cols, self.biases[0])]
+            return ops.quant_matmul_many(x, self.blocks, self.codes, self.cols, self.biases)
+        expect_rank(OP, "x", x, 2)
+        if x.shape[1] != self.cols:
+            raise refusal(OP, "x", f"has {x.shape[1]} columns, the weight {self.cols}")
+        rows = x.shape[0]
+        outs = [torch.empty(rows, n, dtype=torch.float32) for n in self.rows]
+        library = self._library or entry_points.library("quant_matmul")
+        library.swarm_quant_matmul_set(self._description, x.data_ptr(), rows,
+                                       self._outputs(*(out.data_ptr() for out in outs)), torch.get_num_threads())
+        return outs

@@ -1,0 +1,77 @@
+"""A WeightSet, the quantized weights of one x described to the kernel once, against quant_matmul(_many) of the
+same weights: the same bits, the same refusals, and the op where torch is watching."""
+import pytest
+import torch
+
+from kernels.cpu import quant_matmul
+from kernels.cpu.weight_set import WeightSet
+from kernels.errors import KernelError
+from tests.helpers import portable_kernels as portable
+from tests.kernels.cpu.test_quant_matmul import weight_of
+
+pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
+
+
+def layer_weights():
+    """q, k and v of one x in the formats a Q4_K_M file mixes, two with biases"""
+    weights = [weight_of(format, rows=rows, cols=1536, seed=rows)[0]
+               for format, rows in (("Q4_1", 70), ("Q6_K", 9), ("Q8_0", 33))]
+    return weights, [torch.randn(70), None, torch.randn(33)]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 70])
+def test_a_set_gives_the_bits_of_each_weight_alone_and_of_quant_matmul_many(rows):
+    weights, biases = layer_weights()
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+    got = WeightSet(weights, biases)(x)
+    assert [out.shape for out in got] == [(rows, 70), (rows, 9), (rows, 33)]
+    assert all(torch.equal(a, b) for a, b in zip(got, quant_matmul.quant_matmul_many(x, weights, biases)))
+    assert all(torch.equal(a, quant_matmul.quant_matmul(x, w, b)) for a, w, b in zip(got, weights, biases))
+
+
+def test_a_set_of_one_weight_is_quant_matmul():
+    weight, _ = weight_of("Q4_K", rows=37, cols=256)
+    x = torch.randn(3, 256)
+    (got,) = WeightSet([weight], [None])(x)
+    assert torch.equal(got, quant_matmul.quant_matmul(x, weight))
+
+
+def test_the_portable_build_of_the_set_gives_the_native_bits(tmp_path):
+    weights, biases = layer_weights()
+    x = torch.randn(13, 1536)
+    plain = WeightSet(weights, biases, portable.portable_library("quant_matmul", tmp_path))(x)
+    assert all(torch.equal(a, b) for a, b in zip(plain, WeightSet(weights, biases)(x)))
+
+
+def test_a_weight_the_kernel_cannot_read_is_refused_when_the_set_is_made():
+    weights, biases = layer_weights()
+    with pytest.raises(KernelError, match=r"swarm::quant_matmul_many: bias must have shape \[9\]"):
+        WeightSet(weights, [biases[0], torch.randn(5), biases[2]])
+
+
+@pytest.mark.parametrize("x,message", [(torch.randn(2, 1535), r"x has 1535 columns, the weight 1536"),
+                                       (torch.randn(2, 1536).double(), r"x must be torch.float32"),
+                                       (torch.randn(1536, 2).T, r"x must be contiguous")])
+def test_an_x_the_kernel_would_misread_is_refused(x, message):
+    weights, biases = layer_weights()
+    with pytest.raises(KernelError, match=rf"swarm::quant_matmul_many: {message}"):
+        WeightSet(weights, biases)(x)
+
+
+def test_under_the_profiler_a_set_runs_as_the_op_with_the_same_bits():
+    weights, biases = layer_weights()
+    weight_set, x = WeightSet(weights, biases), torch.randn(4, 1536)
+    direct = weight_set(x)
+    with torch.profiler.profile() as profiler:
+        profiled = weight_set(x)
+    assert "swarm::quant_matmul_many" in {event.name for event in profiler.events()}
+    assert all(torch.equal(a, b) for a, b in zip(profiled, direct))
+
+
+def test_under_the_profiler_a_set_of_one_weight_runs_as_quant_matmul():
+    weight, _ = weight_of("Q4_1", rows=37, cols=320)
+    x = torch.randn(1, 320)
+    with torch.profiler.profile() as profiler:
+        (profiled,) = WeightSet([weight], [None])(x)
+    assert "swarm::quant_matmul" in {event.name for event in profiler.events()}
+    assert torch.equal(profiled, quant_matmul.quant_matmul(x, weight))
