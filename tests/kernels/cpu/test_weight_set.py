@@ -7,15 +7,15 @@ from kernels.cpu import quant_matmul
 from kernels.cpu.weight_set import WeightSet
 from kernels.errors import KernelError
 from tests.helpers import portable_kernels as portable
-from tests.kernels.cpu.test_quant_matmul import weight_of
+from tests.helpers.random_blocks import random_weight
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
 
 
 def layer_weights():
     """q, k and v of one x in the formats a Q4_K_M file mixes, two with biases"""
-    weights = [weight_of(format, rows=rows, cols=1536, seed=rows)[0]
-               for format, rows in (("Q4_1", 70), ("Q6_K", 9), ("Q8_0", 33))]
+    shapes = (("Q4_1", 70), ("Q6_K", 9), ("Q8_0", 33))
+    weights = [random_weight(format, rows, 1536, seed=rows) for format, rows in shapes]
     return weights, [torch.randn(70), None, torch.randn(33)]
 
 
@@ -30,7 +30,7 @@ def test_a_set_gives_the_bits_of_each_weight_alone_and_of_quant_matmul_many(rows
 
 
 def test_a_set_of_one_weight_is_quant_matmul():
-    weight, _ = weight_of("Q4_K", rows=37, cols=256)
+    weight = random_weight("Q4_K", 37, 256, seed=0)
     x = torch.randn(3, 256)
     (got,) = WeightSet([weight], [None])(x)
     assert torch.equal(got, quant_matmul.quant_matmul(x, weight))
@@ -69,7 +69,7 @@ def test_under_the_profiler_a_set_runs_as_the_op_with_the_same_bits():
 
 
 def test_under_the_profiler_a_set_of_one_weight_runs_as_quant_matmul():
-    weight, _ = weight_of("Q4_1", rows=37, cols=320)
+    weight = random_weight("Q4_1", 37, 320, seed=0)
     x = torch.randn(1, 320)
     with torch.profiler.profile() as profiler:
         (profiled,) = WeightSet([weight], [None])(x)
