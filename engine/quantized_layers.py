@@ -2,7 +2,8 @@
 it on each device:
 
     CPU, float32, a few rows, a format the C kernel reads   kernels.cpu.quant_matmul straight from the blocks
-      (not prompt rows that take bfloat16 products: engine.prompt_matmul)
+      (not prompt rows that take bfloat16 products: engine.prompt_matmul), through a WeightSet
+      (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
     anything else (CPU prefill, other formats, dtypes)       tiles of the weight dequantized into one scratch
                                                              buffer the whole model shares, then the GEMM of

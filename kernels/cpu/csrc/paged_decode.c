@@ -2,10 +2,10 @@
  * the log-sum-exp the cascade merge needs. Same contract as
  * kernels/reference/cascade_attention.py::paged_decode_with_lse (the oracle).
  *
- * A sequence's context is cut into chunks of CHUNK tokens, one task per (sequence, KV head,
- * chunk): the head's query groups are scored against each key as it is read, so grouped-query
- * attention reads K and V once, and each group's partial softmax (max, sum, unnormalised output)
- * is kept. The partials are then merged by log-sum-exp in chunk order. Chunks follow from the
+ * A sequence's context is cut into chunks of CHUNK tokens, one task per (sequence, chunk), every
+ * KV head: each head's query groups are scored against KEYS keys at a time as they are read, so
+ * grouped-query attention reads K and V once, and each group's partial softmax (max, sum,
+ * unnormalised output) is kept. The partials are then merged by log-sum-exp in chunk order. Chunks follow from the
  * sequence's length alone, so its result does not depend on what it is batched with; and a long
  * context keeps every thread busy even for one sequence (SmolLM2, one agent at 2,112 tokens:
  * 3 tasks a layer for 2 threads before, 27 now).
@@ -66,7 +66,7 @@ static inline v8 sums_of_8(const v8 *acc) {
 #endif
 }
 
-/* the largest of s[0 .. n) and their sum, 8 lanes at a time and then across the lanes */
+/* the largest of s[0 .. n), 8 lanes at a time and then across the lanes */
 static inline float max_of(const float *s, int64_t n) {
     float top = -INFINITY;
     int64_t i = 0;
@@ -81,6 +81,7 @@ static inline float max_of(const float *s, int64_t n) {
     return top;
 }
 
+/* the sum of s[0 .. n), in 8 lanes and then across them */
 static inline float sum_of(const float *s, int64_t n) {
     v8 acc = {0};
     int64_t i = 0;
