@@ -8,6 +8,10 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       [128 x 576] @ [576 x 1536]; a larger shape runs only where that rate says two runs of it fit
                       what is left of the dtype's budget (emulated bfloat16 runs about 1 GFLOP/s, where one square
                       2048 takes 17 s), so a rate may come from a smaller shape: `shape` says which.
+    float32_sums      of the bfloat16 rate: whether float32 matmuls in oneDNN's bf16 mode, as prompt rows take them
+                      (engine/prompt_matmul.py), sum the bfloat16 products in float32. Measured, not assumed: on a
+                      Zen 4 with AVX512-BF16 and no AMX, oneDNN's mode was off by 2^-9 of the outputs' size, as if
+                      its partial sums were rounded to bfloat16, where AMX's agreed with float64 sums.
     read_bytes_per_s  bytes over the seconds of the fastest `sum()` of a 256 MiB float32 tensor: every byte read
                       once and nothing written, as a decode step reads its weights and KV.
 
@@ -15,7 +19,8 @@ Every probe is the best of a few repeats after one untimed run, stopping early o
 Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
 
 Cached in $SWARM_CACHE_DIR (default ~/.cache/swarm)/machine-probe.json, one entry per `machine_key`: the CPU's
-model, cores, threads and torch's version. The key names what the numbers depend on and nothing about a run, so
+model and the flags that matter (one VM's "AMD EPYC" showed AVX-512 one day and AVX2 alone the next), cores,
+threads and torch's version. The key names what the numbers depend on and nothing about a run, so
 the engine and the bench read the same entry.
 """
 from __future__ import annotations
@@ -39,6 +44,8 @@ REPEATS = 3
 BUDGET_S = {"matmul": 1.5, "read": 1.0}   # per dtype, and for the read probe
 FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 CACHE_FILE = "machine-probe.json"
+SUMS_SHAPE = (64, 2048, 64)
+SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products stay far inside it, bfloat16 ones not
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,7 @@ class MatmulRate:
     flop_s: float
     shape: tuple[int, int, int]    # (m, k, n) of the fastest shape that ran
     native: bool                   # False: the dtype runs emulated on this CPU
+    float32_sums: bool = True      # bfloat16: oneDNN's bf16 mode sums its products in float32 (module docstring)
 
 
 @dataclass(slots=True)
@@ -62,7 +70,7 @@ class MachineProbe:
 
     @property
     def key(self) -> str:
-        return machine_key(self.cpu, self.cores, self.threads, self.torch_version)
+        return machine_key(self.cpu, self.flags, self.cores, self.threads, self.torch_version)
 
     def fastest_dtype(self) -> str:
         return max(self.matmul_flop_s, key=lambda dtype: self.matmul_flop_s[dtype].flop_s)
@@ -75,7 +83,7 @@ class MachineProbe:
 
     @classmethod
     def from_json(cls, data: dict) -> MachineProbe:
-        rates = {dtype: MatmulRate(rate["flop_s"], tuple(rate["shape"]), rate["native"])
+        rates = {dtype: MatmulRate(rate["flop_s"], tuple(rate["shape"]), rate["native"], rate["float32_sums"])
                  for dtype, rate in data["matmul_flop_s"].items()}
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
                    rates, data["read_bytes_per_s"], data["probe_s"], from_cache=True)
@@ -90,15 +98,19 @@ def cpu_has_native(dtype: torch.dtype) -> bool:
     return True
 
 
-def machine_key(cpu: str, cores: int, threads: int, torch_version: str) -> str:
-    return f"{cpu} | {cores} cores | {threads} threads | torch {torch_version}"
+def machine_key(cpu: str, flags: list[str], cores: int, threads: int, torch_version: str) -> str:
+    return f"{cpu} | {' '.join(flags) or 'no avx2'} | {cores} cores | {threads} threads | torch {torch_version}"
+
+
+def this_machine_key() -> str:
+    return machine_key(cpu_model_name(), cpu_flags(), os.cpu_count() or 1, torch.get_num_threads(), torch.__version__)
 
 
 def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     """This machine's entry in the cache, or a fresh probe (stored there) where it has none or `reprobe`."""
     path = cache_path()
     entries = _read_cache(path)
-    key = machine_key(cpu_model_name(), os.cpu_count() or 1, torch.get_num_threads(), torch.__version__)
+    key = this_machine_key()
     if not reprobe and key in entries:
         try:
             return MachineProbe.from_json(entries[key])
@@ -122,15 +134,36 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:
     """The best FLOP/s of the shapes that fit the budget, the small calibration shape always."""
     began = time.perf_counter()
-    best = MatmulRate(_matmul_flop_s(CALIBRATION_SHAPE, dtype, budget_s), CALIBRATION_SHAPE, cpu_has_native(dtype))
+    sums = dtype != torch.bfloat16 or bf16_mode_sums_in_float32()
+    best = MatmulRate(_matmul_flop_s(CALIBRATION_SHAPE, dtype, budget_s), CALIBRATION_SHAPE, cpu_has_native(dtype),
+                      sums)
     for shape in PREFILL_SHAPES:
         left = budget_s - (time.perf_counter() - began)
         if 2 * _flops(shape) / best.flop_s > left:
             continue
         rate = _matmul_flop_s(shape, dtype, left)
         if rate > best.flop_s:
-            best = MatmulRate(rate, shape, best.native)
+            best = MatmulRate(rate, shape, best.native, sums)
     return best
+
+
+def bf16_mode_sums_in_float32() -> bool:
+    """Whether a float32 matmul in oneDNN's bf16 mode equals float64 sums of its bfloat16-rounded inputs' products,
+    to SUMS_TOLERANCE; False where torch has no such mode."""
+    settings = getattr(torch.backends.mkldnn, "matmul", None)
+    if settings is None or not hasattr(settings, "fp32_precision"):
+        return False
+    m, k, n = SUMS_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    before = settings.fp32_precision
+    settings.fp32_precision = "bf16"
+    try:
+        got = (a @ b).double()
+    finally:
+        settings.fp32_precision = before
+    exact = a.bfloat16().double() @ b.bfloat16().double()
+    return bool((got - exact).abs().max() <= SUMS_TOLERANCE * exact.abs().max())
 
 
 def read_bytes_per_s(budget_s: float) -> float:

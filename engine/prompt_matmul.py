@@ -7,7 +7,8 @@ keeps its sums and its output in float32. The activations, the KV cache and ever
 decode step's few rows are bound by reading the weights, not by products, and keep swarm's float32 kernels.
 
     dtype auto, on a CPU whose probe (engine.machine_probe) measured
-        native bfloat16 at least BF16_SPEEDUP x float32     prompt rows: bfloat16 products
+        native bfloat16 at least BF16_SPEEDUP x float32,
+        the bf16 mode's sums in float32                     prompt rows: bfloat16 products
         anything else                                       prompt rows: float32
     dtype float32, or any dtype named                       float32 throughout, as transformers computes
 
@@ -46,7 +47,7 @@ def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
     rates = cached_probe().matmul_flop_s   # a few seconds once per machine, then read from its cache
     bf16, f32 = rates.get("bfloat16"), rates.get("float32")
     faster = bf16 is not None and f32 is not None and bf16.native and bf16.flop_s >= BF16_SPEEDUP * f32.flop_s
-    return "bfloat16" if faster else "float32"
+    return "bfloat16" if faster and bf16.float32_sums else "float32"
 
 
 @contextmanager

@@ -207,6 +207,7 @@ def _floor_cells(floor: Floor, agents: int, busy: int) -> list[str]:
 
 def _machine_line(machine: MachineProbe) -> str:
     rates = ", ".join(f"{dtype} {rate.flop_s / 1e9:,.1f} GFLOP/s" + ("" if rate.native else " (emulated)")
+                      + ("" if rate.float32_sums else " (its float32 mode rounds sums)")
                       for dtype, rate in machine.matmul_flop_s.items())
     flags = " ".join(machine.flags) or "none of avx2/avx512/amx"
     measured = "cached probe" if machine.from_cache else f"probed in {machine.probe_s:.1f} s"

@@ -10,6 +10,7 @@ from engine.machine_probe import (
     CALIBRATION_SHAPE,
     PREFILL_SHAPES,
     MachineProbe,
+    bf16_mode_sums_in_float32,
     cache_path,
     cached_probe,
     probe_machine,
@@ -32,6 +33,7 @@ def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could
         assert 0 < rate.flop_s < math.inf
         assert rate.shape in (CALIBRATION_SHAPE, *PREFILL_SHAPES)
         assert rate.native == cpu_has_native(getattr(torch, dtype))
+        assert rate.float32_sums == (dtype != "bfloat16" or bf16_mode_sums_in_float32())
     assert 0 < probe.read_bytes_per_s < math.inf
     assert probe.probe_s > 0
     assert probe.threads == torch.get_num_threads() and probe.cores >= 1 and probe.cpu
@@ -51,13 +53,14 @@ def test_the_cache_is_reused_until_reprobe(cache_dir):
     assert list(stored) == [fresh.key] and MachineProbe.from_json(stored[fresh.key]) == fresh
 
 
-def test_the_cache_keeps_other_machines_and_the_key_names_cpu_cores_threads_and_torch(cache_dir):
+def test_the_cache_keeps_other_machines_and_the_key_names_cpu_flags_cores_threads_and_torch(cache_dir):
     other = probe_machine(SHORT).to_json() | {"cpu": "another CPU"}
     cache_path().write_text(json.dumps({"another CPU | 2 cores | 1 threads | torch 0": other}))
     probe = cached_probe(budget_s=SHORT)
     assert not probe.from_cache
     assert set(json.loads(cache_path().read_text())) == {"another CPU | 2 cores | 1 threads | torch 0", probe.key}
-    for part in (probe.cpu, f"{probe.cores} cores", f"{probe.threads} threads", torch.__version__):
+    for part in (probe.cpu, " ".join(probe.flags) or "no avx2", f"{probe.cores} cores", f"{probe.threads} threads",
+                 torch.__version__):
         assert part in probe.key
 
 
