@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import prompt_matmul, quantized_layers
+from engine import fused_decode, prompt_matmul, quantized_layers
 from engine.attention.base import AttentionBackend, AttentionBatch
 from engine.linear import Linear
 from engine.loading.config import ModelConfig
@@ -165,6 +165,9 @@ class MLP(nn.Module):
         return rows_apart(self.down_proj, F.silu(gate, inplace=True).mul_(up), split)
 
 
+_NOT_MADE = object()
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
@@ -172,12 +175,27 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._decode_kernel = _NOT_MADE
 
     def forward(self, x: torch.Tensor, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor:
+        kernel = None if batch.is_prefill else self.decode_kernel()
+        if kernel is not None and fused_decode.takes(kernel, x, rotary):
+            return fused_decode.layer_step(self, kernel, x, rotary, batch, attention)
         attended = self.self_attn(self.input_layernorm(x), rotary, batch, attention)
         rows = batch.query_rows
         x = (x if rows is None else x[rows]) + attended
         return x + self.mlp(self.post_attention_layernorm(x), batch.decode_split)
+
+    def decode_kernel(self):
+        """The layer's decode step in C (engine.fused_decode), made on the first decode step (after loading has
+        swapped in the quantized layers); None where a part of the layer is not the plain one."""
+        if self._decode_kernel is _NOT_MADE:
+            attn = self.self_attn
+            norms = [self.input_layernorm, self.post_attention_layernorm]
+            norms += [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+            plain = type(attn) is Attention and type(self.mlp) is MLP and all(type(n) is RMSNorm for n in norms)
+            self._decode_kernel = fused_decode.kernel_for(self) if plain else None
+        return self._decode_kernel
 
 
 class DecoderModel(nn.Module):

@@ -48,6 +48,11 @@ class QuantizedLinear(nn.Module):
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
                                                  dequantize=self._expand)
 
+    @property
+    def on_cpu_kernel(self) -> bool:
+        """Whether a few float32 CPU rows go to the C kernel (kernels.cpu.quant_matmul)."""
+        return self._cpu_kernel
+
     def weight_set_with(self, others: tuple[QuantizedLinear, ...]) -> WeightSet:
         """The CPU kernel's WeightSet of this layer's weight and then the others', made on first use."""
         key = tuple(id(layer) for layer in others)

@@ -28,6 +28,10 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
         "swarm_quant_matmul_set": ([_ptr, _ptr, _i64, _ptr, _int], None),
         "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
+    "decode_layer": {
+        "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
+        "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], None),
+        "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
                                 _int], _int)},

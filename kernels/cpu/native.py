@@ -13,7 +13,8 @@ very file torch runs on (`openmp_runtime`), found by where its omp_get_max_threa
 
 The decode kernels run their tasks on csrc/task_pool.c's threads instead (engine/cpu_threads.py says why).
 That pool is a library of its own, built first, and every kernel that includes task_pool.h is linked against
-that one file, so the process holds one such pool however many kernels use it.
+that one file, so the process holds one such pool however many kernels use it. A kernel that calls another's
+functions (decode_layer.c calls quant_matmul.c's) includes its header and is linked against its library alike.
 
     CC   the compiler to use (default: cc, then gcc, then clang)
 """
@@ -81,16 +82,21 @@ def build_flags(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The compiler's arguments for csrc/<name>.c: those before the source and the libraries after it."""
     if name == POOL:
         return POOL_FLAGS, ()
-    return FLAGS, link_flags() + pool_flags(name)
+    return FLAGS, link_flags() + linked_libraries(name)
 
 
-def pool_flags(name: str) -> tuple[str, ...]:
-    """For a kernel that runs its tasks on task_pool.c's threads (it includes task_pool.h), the pool's
-    library to link against, found again at load by its path: one pool for every kernel in the process."""
-    if f'#include "{POOL}.h"' not in (SOURCE_DIR / f"{name}.c").read_text():
-        return ()
-    pool = library_path(POOL)
-    return () if pool is None else (str(pool),)
+def linked_libraries(name: str) -> tuple[str, ...]:
+    """The built libraries of the other kernels csrc/<name>.c calls (those whose header it includes: task_pool.h,
+    quant_matmul.h), to link against and find again at load by their paths: one task pool, one copy of each
+    kernel, in the process however many kernels use it."""
+    source = (SOURCE_DIR / f"{name}.c").read_text()
+    paths = []
+    for other in sorted(path.stem for path in SOURCE_DIR.glob("*.c")):
+        if other != name and f'#include "{other}.h"' in source:
+            path = library_path(other)
+            if path is not None:
+                paths.append(str(path))
+    return tuple(paths)
 
 
 def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:

@@ -22,7 +22,7 @@ _ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 OP = "quant_matmul_many"
 
 
-class _Description(ctypes.Structure):
+class Description(ctypes.Structure):
     _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
                 ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr))]
 
@@ -44,7 +44,8 @@ class WeightSet:
         self._arrays = ((_ptr * count)(*(b.data_ptr() for b in self.blocks)), (_int * count)(*self.codes),
                         (_i64 * count)(*self.rows), (_ptr * count)(*(None if b is None else b.data_ptr()
                                                                      for b in self.biases)))
-        self._description = ctypes.byref(_Description(count, self.cols, *self._arrays))
+        self.description = Description(count, self.cols, *self._arrays)   # the C struct swarm_weight_set
+        self._by_reference = ctypes.byref(self.description)
         self._outputs = _ptr * count
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -59,6 +60,6 @@ class WeightSet:
         rows = x.shape[0]
         outs = [torch.empty(rows, n, dtype=torch.float32) for n in self.rows]
         library = self._library or entry_points.library("quant_matmul")
-        library.swarm_quant_matmul_set(self._description, x.data_ptr(), rows,
+        library.swarm_quant_matmul_set(self._by_reference, x.data_ptr(), rows,
                                        self._outputs(*(out.data_ptr() for out in outs)), torch.get_num_threads())
         return outs

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "quant_blocks.h"
+#include "quant_matmul.h"
 #include "task_pool.h"
 
 #define ROW_TILE 8
@@ -293,17 +294,6 @@ void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count
         swarm_pool_run(column_task, &span, tasks, threads);
     }
 }
-
-/* Weights that take the same x (a layer's q, k and v; its gate and up; or one), as swarm_quant_matmul_many's
- * arguments, described once by kernels/cpu/weight_set.py: a decode step's call passes only x and the outputs
- * (ctypes spends about a microsecond an argument). */
-typedef struct {
-    int64_t count, K;
-    const uint8_t *const *q;
-    const int *formats;
-    const int64_t *N;
-    const float *const *bias;
-} swarm_weight_set;
 
 void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads) {
     swarm_quant_matmul_many(x, M, set->K, set->count, set->q, set->formats, set->N, set->bias, y, threads);

@@ -14,7 +14,7 @@ from kernels.cpu import native
 ROOT = Path(__file__).parents[3]
 KERNELS = sorted(source.stem for source in native.SOURCE_DIR.glob("*.c"))
 OPENMP_KERNELS = [name for name in KERNELS if "#pragma omp" in (native.SOURCE_DIR / f"{name}.c").read_text()]
-POOL_KERNELS = [name for name in KERNELS if native.pool_flags(name)]
+POOL_KERNELS = [name for name in KERNELS if str(native.library_path(native.POOL)) in native.linked_libraries(name)]
 HANG_GUARD_S = 300   # seconds; reaching it means a hang, never a slow machine
 MAPPED_RUNTIMES = """
 import json, os, re
@@ -74,3 +74,10 @@ def test_the_decode_kernels_are_on_the_task_pool():
 def test_every_decode_kernel_shares_one_task_pool():
     code = "import ctypes\n" + "".join(f"ctypes.CDLL({built(name)!r})\n" for name in POOL_KERNELS)
     assert mapped_runtimes_after(code, "mapped(r'task_pool-')") == [str(native.library_path(native.POOL))]
+
+
+def test_a_kernel_that_calls_another_maps_the_one_build_of_it_python_loads():
+    """decode_layer.c calls quant_matmul.c's matmul: the process holds one quant_matmul library, so one copy of
+    its code and one task pool, however it was loaded first."""
+    code = f"import ctypes\nctypes.CDLL({built('decode_layer')!r})\nctypes.CDLL({built('quant_matmul')!r})\n"
+    assert mapped_runtimes_after(code, "mapped(r'quant_matmul-')") == [built("quant_matmul")]

@@ -1,0 +1,17 @@
+/* What quant_matmul.c exports to the other kernels (decode_layer.c links against its library). */
+#pragma once
+#include <stdint.h>
+
+/* Weights that take the same x (a layer's q, k and v; its gate and up; or one), as swarm_quant_matmul_many's
+ * arguments, described once by kernels/cpu/weight_set.py: a decode step's call passes only x and the outputs
+ * (ctypes spends about a microsecond an argument). */
+typedef struct {
+    int64_t count, K;
+    const uint8_t *const *q;
+    const int *formats;
+    const int64_t *N;
+    const float *const *bias;
+} swarm_weight_set;
+
+/* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]] */
+void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads);
