@@ -1,6 +1,6 @@
-"""The C kernels' entry points (kernels/cpu/csrc/*.c), called with tensors: their ctypes signatures, in
-this one table, and one plain function per entry point that checks its tensors (kernels.cpu.checks), allocates
-its outputs and calls the C function with sizes read off the tensors.
+"""The C kernels' entry points (kernels/cpu/csrc/*.c), called with tensors: one plain function per entry point
+that checks its tensors (kernels.cpu.checks), allocates its outputs and calls the C function (its ctypes types:
+kernels.cpu.signatures) with sizes read off the tensors.
 
 Each function takes the loaded library first (`library(source)`; tests pass other builds of the same
 source) and the tensors in the order of its torch op (kernels.cpu.ops). `<name>_outputs` checks the
@@ -16,32 +16,10 @@ from gguf import GGMLQuantizationType
 
 from kernels.cpu import native
 from kernels.cpu.checks import expect_optional, expect_rank, expect_tensor, refusal
+from kernels.cpu.signatures import SIGNATURES, declare
 from kernels.reference.quant_blocks import block_layout
 
-_ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function -> (argument types, result)
-    "fused_ops": {
-        "swarm_rms_norm": ([_ptr, _ptr, _i64, _i64, _f32, _ptr, _int], None),
-        "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None)},
-    "quant_matmul": {
-        "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
-        "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
-        "swarm_quant_matmul_set": ([_ptr, _ptr, _i64, _ptr, _int], None),
-        "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
-    "decode_layer": {
-        "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
-        "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], None),
-        "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], None)},
-    "paged_decode": {
-        "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
-                                _int], _int)},
-    "prefix_attention": {
-        "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr, _int], _int),
-        "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)},
-    "rows_attention": {
-        "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _f32, _ptr, _ptr, _int],
-                                 _int)},
-}
+_ptr, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # The block formats quant_matmul.c reads: name -> (GGML type code, values a block, bytes a block)
 QUANT_FORMATS = {name: (GGMLQuantizationType[name].value, *block_layout(name))
                  for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")}
@@ -53,7 +31,8 @@ Tensor = torch.Tensor
 @functools.cache
 def library(source: str) -> ctypes.CDLL | None:
     """csrc/<source>.c built and loaded with its functions declared; None where it cannot be built."""
-    return native.declared(source, SIGNATURES[source])
+    lib = native.load(source)
+    return None if lib is None else declare(lib, SIGNATURES[source])
 
 
 def rms_norm_outputs(x: Tensor, weight: Tensor) -> Tensor:

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from kernels.cpu import build_choice
+
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 POOL = "task_pool"   # csrc/task_pool.c: the decode kernels' threads, a library of its own
 POOL_FLAGS = ("-O2", "-pthread", "-shared", "-fPIC")
@@ -53,16 +55,19 @@ def load(name: str) -> ctypes.CDLL | None:
     return None if path is None else ctypes.CDLL(str(path))
 
 
-def library_path(name: str) -> Path | None:
+def library_path(name: str, extra_flags: tuple[str, ...] | None = None) -> Path | None:
     """The built library of csrc/<name>.c in the cache, built first where it is not there; None (with a
-    warning) where it cannot be built."""
+    warning) where it cannot be built. extra_flags: after FLAGS; None: the build kernels/cpu/build_choice.py
+    measured faster on this CPU, for a kernel it chooses for (quant_matmul), else none."""
+    if extra_flags is None:
+        extra_flags = chosen_flags(name)
     headers = b"".join(header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h")))
     source = (SOURCE_DIR / f"{name}.c").read_bytes() + headers
     compiler = _compiler()
     if compiler is None:
         warnings.warn(f"no C compiler found (set CC): the {name} kernel is off, using PyTorch instead")
         return None
-    flags, libraries = build_flags(name)
+    flags, libraries = build_flags(name, extra_flags)
     target = cache_dir() / f"{name}-{_build_key(source, flags + libraries, compiler)}.so"
     for _ in range(2):   # a cached library that does not load (cut short by a full disk) is rebuilt once
         error = None if target.exists() else _build(compiler, SOURCE_DIR / f"{name}.c", flags, libraries, target)
@@ -78,11 +83,16 @@ def library_path(name: str) -> Path | None:
     return None
 
 
-def build_flags(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def chosen_flags(name: str) -> tuple[str, ...]:
+    """The flags, after FLAGS, of the build of csrc/<name>.c this process loads (kernels/cpu/build_choice.py)."""
+    return build_choice.extra_flags(name, _cpu_flags(), lambda extra_flags: library_path(name, extra_flags))
+
+
+def build_flags(name: str, extra_flags: tuple[str, ...] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The compiler's arguments for csrc/<name>.c: those before the source and the libraries after it."""
     if name == POOL:
         return POOL_FLAGS, ()
-    return FLAGS, link_flags() + linked_libraries(name)
+    return FLAGS + extra_flags, link_flags() + linked_libraries(name)
 
 
 def linked_libraries(name: str) -> tuple[str, ...]:
@@ -97,20 +107,6 @@ def linked_libraries(name: str) -> tuple[str, ...]:
             if path is not None:
                 paths.append(str(path))
     return tuple(paths)
-
-
-def declared(name: str, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
-    """`load(name)` with each function's (argument types, return type) declared: without them
-    ctypes passes every integer as a C int and cannot pass floats."""
-    lib = load(name)
-    return None if lib is None else declare(lib, signatures)
-
-
-def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
-    for function, (argtypes, restype) in signatures.items():
-        getattr(lib, function).argtypes = argtypes
-        getattr(lib, function).restype = restype
-    return lib
 
 
 @functools.cache

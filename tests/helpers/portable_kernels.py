@@ -1,6 +1,6 @@
-"""Builds a kernel's narrower code paths for tests, beside the native build: the plain-C one (AVX2
-and FMA off) and the AVX2 one (AVX-512 off, where the compiler and this CPU have AVX2). Each comes
-back loaded with its functions declared (kernels.cpu.entry_points.SIGNATURES), for a wrapper's `library=`.
+"""Builds a kernel's code paths for tests, beside the one the process loads: the plain-C one (AVX2 and FMA
+off), the AVX2 one (AVX-512 off, where the compiler and this CPU have AVX2) and the -march=native one. Each comes
+back loaded with its functions declared (kernels.cpu.signatures.SIGNATURES), for a wrapper's `library=`.
 
 The builds are cached beside the native ones (kernels.cpu.native.cache_dir), keyed like them by the
 source, its headers, the flags and the compiler: some kernels take many seconds to compile."""
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import entry_points, native
+from kernels.cpu import build_choice, native
+from kernels.cpu.signatures import SIGNATURES, declare
 
 
 def portable_library(name: str, folder: Path | None = None) -> ctypes.CDLL:
@@ -19,10 +20,22 @@ def portable_library(name: str, folder: Path | None = None) -> ctypes.CDLL:
 
 
 def avx2_library(name: str, folder: Path | None = None) -> ctypes.CDLL:
-    """folder: unused, kept for callers; the build is cached."""
+    """folder: unused, kept for callers. The build kernels/cpu/build_choice.py may choose: one file for both."""
     if not {"avx2", "fma"} <= set(native._cpu_flags().split()):
         pytest.skip("this CPU has no AVX2 and FMA")
-    return _build(name, "avx2", ["-O3", "-march=native", "-mno-avx512f", "-ffp-contract=off"])
+    return _cached(name, build_choice.NARROWER)
+
+
+def widest_library(name: str) -> ctypes.CDLL:
+    """The -march=native build, whichever build kernels/cpu/build_choice.py chose for the process."""
+    return _cached(name, ())
+
+
+def _cached(name: str, extra_flags: tuple[str, ...]) -> ctypes.CDLL:
+    path = native.library_path(name, extra_flags)
+    if path is None:
+        pytest.skip("no C compiler")
+    return declare(ctypes.CDLL(str(path)), SIGNATURES[name])
 
 
 def _build(name: str, variant: str, flags: list[str]) -> ctypes.CDLL:
@@ -37,4 +50,4 @@ def _build(name: str, variant: str, flags: list[str]) -> ctypes.CDLL:
     target = native.cache_dir() / f"{name}-{variant}-{key}.so"
     if not target.exists() and (error := native._build(compiler, source, all_flags, libraries, target)):
         pytest.skip(f"this compiler cannot build {' '.join(flags)}: {error[:200]}")
-    return native.declare(ctypes.CDLL(str(target)), entry_points.SIGNATURES[name])
+    return declare(ctypes.CDLL(str(target)), SIGNATURES[name])

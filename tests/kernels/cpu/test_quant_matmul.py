@@ -130,13 +130,15 @@ def test_weights_taken_together_give_each_ones_bits():
             assert all(torch.equal(a, b) for a, b in zip(together, alone)), (rows, count)
 
 
-BUILDS = {"portable": portable.portable_library, "avx2": portable.avx2_library}
+BUILDS = {"portable": portable.portable_library, "avx2": portable.avx2_library,
+          "native": portable.widest_library}
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
-def test_the_narrower_builds_give_the_native_builds_bits(build):
+def test_every_build_gives_the_bits_of_the_one_loaded(build):
     """Where the native build is AVX-512, it takes two columns a vector, each the AVX2 code's steps lane for
-    lane; an odd column count leaves one alone. The plain C code takes the same steps one lane at a time."""
+    lane; an odd column count leaves one alone. The plain C code takes the same steps one lane at a time.
+    The process loads the native or the AVX2 build (kernels/cpu/build_choice.py)."""
     library = BUILDS[build]("quant_matmul")
     for format in FORMATS:
         for columns, rows in [(37, 13), (1, 3), (20, 70)]:

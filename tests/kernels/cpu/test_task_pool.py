@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernels.cpu import native
+from kernels.cpu.signatures import declare
 
 ROOT = Path(__file__).parents[3]
 HANG_GUARD_S = 60   # seconds; reaching it means a lost task or a deadlock, never a slow machine
@@ -21,7 +22,7 @@ def pool():
     library = native.load(native.POOL)
     if library is None:
         pytest.skip("no C compiler for the kernels")
-    return native.declare(library, {
+    return declare(library, {
         "swarm_pool_run": ([TASK, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], None),
         "swarm_pool_counts": ([ctypes.c_void_p], None)})
 
