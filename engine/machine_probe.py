@@ -8,6 +8,8 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       [128 x 576] @ [576 x 1536]; a larger shape runs only where that rate says two runs of it fit
                       what is left of the dtype's budget (emulated bfloat16 runs about 1 GFLOP/s, where one square
                       2048 takes 17 s), so a rate may come from a smaller shape: `shape` says which.
+                      bfloat16_kernel: swarm's own bfloat16 kernel (kernels/cpu/bf16_matmul.py), its inputs' rounding
+                      and layout included, where it was built for AVX512-BF16 (its plain build is never timed).
     float32_sums      of the bfloat16 rate: whether float32 matmuls in oneDNN's bf16 mode, as prompt rows take them
                       (engine/prompt_matmul.py), sum the bfloat16 products in float32. Measured, not assumed: on a
                       Zen 4 with AVX512-BF16 and no AMX, oneDNN's mode was off by 2^-9 of the outputs' size, as if
@@ -39,6 +41,7 @@ import torch
 CALIBRATION_SHAPE = (128, 576, 1536)
 PREFILL_SHAPES = ((2048, 576, 1536), (2048, 2048, 2048))
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")
+KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
 REPEATS = 3
 BUDGET_S = {"matmul": 1.5, "read": 1.0}   # per dtype, and for the read probe
@@ -113,37 +116,64 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
     key = this_machine_key()
     if not reprobe and key in entries:
         try:
-            return MachineProbe.from_json(entries[key])
+            cached = MachineProbe.from_json(entries[key])
         except (KeyError, TypeError, ValueError):
-            pass   # an entry from another version of this file: probe again
+            cached = None   # an entry from another version of this file: probe again
+        if cached is not None and set(cached.matmul_flop_s) >= set(probed_paths()):
+            return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
     _write_cache(path, entries)
     return probe
 
 
+def probed_paths() -> list[str]:
+    """The matmul paths a probe of this machine times: the dtypes, and swarm's kernel where it is native."""
+    dtypes = [dtype for dtype in MATMUL_DTYPES if dtype != "float16" or cpu_has_native(torch.float16)]
+    from kernels.cpu import bf16_matmul  # builds the kernel, once per machine
+    return dtypes + ([KERNEL] if bf16_matmul.native() else [])
+
+
 def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     began = time.perf_counter()
-    rates = {dtype: matmul_rate(getattr(torch, dtype), budget_s["matmul"]) for dtype in MATMUL_DTYPES
-             if dtype != "float16" or cpu_has_native(torch.float16)}
+    rates = {path: kernel_rate(budget_s["matmul"]) if path == KERNEL else matmul_rate(getattr(torch, path),
+                                                                                        budget_s["matmul"])
+             for path in probed_paths()}
     read = read_bytes_per_s(budget_s["read"])
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
                         torch.__version__, rates, read, time.perf_counter() - began)
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:
-    """The best FLOP/s of the shapes that fit the budget, the small calibration shape always."""
-    began = time.perf_counter()
+    """`a @ b` in `dtype`: the best FLOP/s of the shapes that fit the budget, the small calibration shape always."""
     sums = dtype != torch.bfloat16 or bf16_mode_sums_in_float32()
-    best = MatmulRate(_matmul_flop_s(CALIBRATION_SHAPE, dtype, budget_s), CALIBRATION_SHAPE, cpu_has_native(dtype),
-                      sums)
+    return _best_rate(lambda shape, left: _matmul_flop_s(shape, dtype, left), budget_s, cpu_has_native(dtype), sums)
+
+
+def kernel_rate(budget_s: float) -> MatmulRate:
+    """swarm's bfloat16 kernel, as matmul_rate times a dtype; it sums in float32 by construction."""
+    from kernels.cpu import bf16_matmul
+
+    def flop_s(shape: tuple[int, int, int], left: float) -> float:
+        m, k, n = shape
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        return _flops(shape) / fastest_s(lambda: bf16_matmul.linear(x, w), left)
+
+    return _best_rate(flop_s, budget_s, native=True, float32_sums=True)
+
+
+def _best_rate(flop_s: Callable[[tuple[int, int, int], float], float], budget_s: float, native: bool,
+               float32_sums: bool) -> MatmulRate:
+    """flop_s(shape, seconds left): the best of the shapes that fit the budget, the calibration shape always."""
+    began = time.perf_counter()
+    best = MatmulRate(flop_s(CALIBRATION_SHAPE, budget_s), CALIBRATION_SHAPE, native, float32_sums)
     for shape in PREFILL_SHAPES:
         left = budget_s - (time.perf_counter() - began)
         if 2 * _flops(shape) / best.flop_s > left:
             continue
-        rate = _matmul_flop_s(shape, dtype, left)
+        rate = flop_s(shape, left)
         if rate > best.flop_s:
-            best = MatmulRate(rate, shape, best.native, sums)
+            best = MatmulRate(rate, shape, native, float32_sums)
     return best
 
 

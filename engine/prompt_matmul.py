@@ -1,22 +1,29 @@
 """The precision of prompt tokens' matmuls on a CPU: exact float32, or bfloat16 products summed in float32.
 
 A prompt's matmuls are bound by arithmetic: thousands of rows against every weight. Where the CPU multiplies
-bfloat16 on units of its own (AMX, AVX512-BF16), oneDNN's bf16 "fpmath mode"
-(torch.backends.mkldnn.matmul.fp32_precision = "bf16") rounds a float32 matmul's two inputs to bfloat16 and
-keeps its sums and its output in float32. The activations, the KV cache and every other op stay float32. A
-decode step's few rows are bound by reading the weights, not by products, and keep swarm's float32 kernels.
+bfloat16 on units of its own (AMX, AVX512-BF16), two paths round a float32 matmul's inputs to bfloat16 and keep
+its sums and its output in float32:
+    "bfloat16"          oneDNN's bf16 "fpmath mode" (torch.backends.mkldnn.matmul.fp32_precision = "bf16"),
+                        for every linear layer; on AMX it sums in float32, on a Zen 4 it rounds its sums
+    "bfloat16_kernel"   swarm's kernel (kernels/cpu/bf16_matmul.py: AVX512-BF16, sums as vdpbf16ps does), for
+                        the quantized layers; float weights' layers stay float32 in this mode
+The activations, the KV cache and every other op stay float32. A decode step's few rows are bound by reading the
+weights, not by products, and keep swarm's float32 kernels.
 
-    dtype auto, on a CPU whose probe (engine.machine_probe) measured
-        native bfloat16 at least BF16_SPEEDUP x float32,
-        the bf16 mode's sums in float32                     prompt rows: bfloat16 products
-        anything else                                       prompt rows: float32
-    dtype float32, or any dtype named                       float32 throughout, as transformers computes
+    dtype auto, on a CPU whose probe (engine.machine_probe) measured, of the paths that sum in float32 and run
+    natively, the fastest at least BF16_SPEEDUP x float32     prompt rows: that path
+        none such                                              prompt rows: float32
+    dtype float32, or any dtype named                          float32 throughout, as transformers computes
 
-Sharing must not change output, so a token's bits must not depend on its batch. In the bf16 mode every path a
-prompt row can take (F.linear, oneDNN's packed op, weight @ x.T for a few rows, a tile of a dequantized weight)
-gives a row the same bits whatever rows come with it (tests/engine/test_prompt_matmul.py), so every prompt row
-takes it, even in a chunk of 3 rows the decode kernels would otherwise take. Decode rows never do: in a decode
-step, nor beside a prompt in a mixed step (engine.model.rows_apart).
+Sharing must not change output, so a token's bits must not depend on its batch. In either mode every path a
+prompt row can take (F.linear, oneDNN's packed op, weight @ x.T for a few rows, a tile of a dequantized weight,
+swarm's kernel) gives a row the same bits whatever rows come with it (tests/engine/test_prompt_matmul.py), so
+every prompt row takes it, even in a chunk of 3 rows the decode kernels would otherwise take. Decode rows never
+do: in a decode step, nor beside a prompt in a mixed step (engine.model.rows_apart).
+
+The kernel's precision costs a small prompt step what a large one gains: each step lays every quantized weight out
+in bfloat16 once (SmolLM2 on a 2-core Zen 4: 8 agents' 3-token turns over a cached 2,112-token trunk, 0.26 s
+against 0.19-0.24 s in float32), where a 2,048-token trunk's prefill takes 0.68x float32's time.
 
 The runner sets the precision for one step (`prompt_rows`), on the engine's thread; the linear layers run
 their products through `with_step_precision`. torch's flag is process-wide, so it is set only around each of
@@ -31,35 +38,44 @@ from typing import TypeVar
 
 import torch
 
-from engine.machine_probe import cached_probe
+from engine.machine_probe import KERNEL, cached_probe
 
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
-PRECISIONS = ("float32", "bfloat16")
+PRECISIONS = ("float32", "bfloat16", KERNEL)
 
 _step = threading.local()
 Result = TypeVar("Result")
 
 
 def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
-    """"bfloat16" where this machine's prompts should take bfloat16 products, else "float32"."""
-    if dtype_option != "auto" or device.type != "cpu" or dtype != torch.float32 or not _fpmath_available():
+    """The precision (of PRECISIONS) this machine's prompt rows should take."""
+    if dtype_option != "auto" or device.type != "cpu" or dtype != torch.float32:
         return "float32"
     rates = cached_probe().matmul_flop_s   # a few seconds once per machine, then read from its cache
-    bf16, f32 = rates.get("bfloat16"), rates.get("float32")
-    faster = bf16 is not None and f32 is not None and bf16.native and bf16.flop_s >= BF16_SPEEDUP * f32.flop_s
-    return "bfloat16" if faster and bf16.float32_sums else "float32"
+    f32 = rates.get("float32")
+    usable = {path: rate.flop_s for path, rate in rates.items() if path in PRECISIONS[1:] and _usable(path)
+              and rate.native and rate.float32_sums}
+    best = max(usable, key=usable.get, default=None)
+    return best if best and f32 is not None and usable[best] >= BF16_SPEEDUP * f32.flop_s else "float32"
+
+
+def _usable(path: str) -> bool:
+    if path == "bfloat16":
+        return _fpmath_available()
+    from kernels.cpu import bf16_matmul  # builds the kernel: only where the probe timed it
+    return bf16_matmul.native()
 
 
 @contextmanager
 def prompt_rows(precision: str):
     """A step's prompt rows run in `precision` while inside."""
     assert precision in PRECISIONS, precision
-    before = getattr(_step, "bfloat16", False)
-    _step.bfloat16 = precision == "bfloat16"
+    before = getattr(_step, "precision", "float32")
+    _step.precision = precision
     try:
         yield
     finally:
-        _step.bfloat16 = before
+        _step.precision = before
 
 
 def decode_rows():
@@ -68,8 +84,9 @@ def decode_rows():
 
 
 def with_step_precision(product: Callable[..., Result], *args, **kwargs) -> Result:
-    """`product(*args, **kwargs)`, a matmul, in this step's precision."""
-    if not getattr(_step, "bfloat16", False):
+    """`product(*args, **kwargs)`, a matmul, in this step's precision: oneDNN's, or float32 (also in the kernel's
+    precision, for the layers that do not take the kernel)."""
+    if getattr(_step, "precision", "float32") != "bfloat16":
         return product(*args, **kwargs)
     settings = torch.backends.mkldnn.matmul
     before = settings.fp32_precision
@@ -81,8 +98,13 @@ def with_step_precision(product: Callable[..., Result], *args, **kwargs) -> Resu
 
 
 def bfloat16_now() -> bool:
-    """Whether products run in bfloat16 at this point of the step."""
-    return getattr(_step, "bfloat16", False)
+    """Whether products run in bfloat16 at this point of the step (either path)."""
+    return getattr(_step, "precision", "float32") != "float32"
+
+
+def kernel_now() -> bool:
+    """Whether the quantized layers' products take swarm's bfloat16 kernel at this point of the step."""
+    return getattr(_step, "precision", "float32") == KERNEL
 
 
 def _fpmath_available() -> bool:

@@ -5,6 +5,9 @@ it on each device:
       (not prompt rows that take bfloat16 products: engine.prompt_matmul), through a WeightSet
       (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
+    CPU prompt rows in swarm's bfloat16 precision            kernels.cpu.bf16_matmul, on tiles dequantized
+      (engine.prompt_matmul: AVX512-BF16 where oneDNN's        into the scratch as below
+      bf16 mode rounds its sums)
     anything else (CPU prefill, other formats, dtypes)       tiles of the weight dequantized into one scratch
                                                              buffer the whole model shares, then the GEMM of
                                                              torch (on a CPU, the C kernel expands the tiles)
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 
 from engine import prompt_matmul
+from kernels.cpu import bf16_matmul as bf16_kernel
 from kernels.cpu import quant_matmul as cpu_kernel
 from kernels.cpu.weight_set import WeightSet
 from kernels.reference import gguf_dequant
@@ -38,6 +42,7 @@ class QuantizedLinear(nn.Module):
         self._cpu_kernel = on_cpu and cpu_kernel.supports(weight.format) and cpu_kernel.available()
         self._triton = None if on_cpu else _triton_matmul(weight.format)
         self._expand = _cpu_expander(weight.format) if on_cpu else None
+        self._bf16_kernel = on_cpu and bf16_kernel.available()
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +50,9 @@ class QuantizedLinear(nn.Module):
             return self.weight_set_with(())(x)[0]
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
+        if self._bf16_kernel and prompt_matmul.kernel_now():
+            return bf16_kernel.quantized_linear(x, self.quantized, self.bias, self.scratch,
+                                                None if self._expand else _reference_expansion)
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
                                                  dequantize=self._expand)
 
@@ -103,6 +111,10 @@ def _triton_matmul(format: str):
     except ImportError:   # a torch build without triton
         return None
     return triton_kernel.quant_matmul if triton_kernel.supports(format) else None
+
+
+def _reference_expansion(weight: QuantizedTensor, rows: tuple[int, int], out: torch.Tensor) -> torch.Tensor:
+    return gguf_dequant.dequantize(weight, rows, out=out)
 
 
 def _cpu_expander(format: str):

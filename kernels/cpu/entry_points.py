@@ -134,6 +134,70 @@ def _expect_blocks(op: str, blocks: Tensor, format: str, cols: int) -> int:
     return blocks.shape[0]
 
 
+def bf16_round_rows_outputs(x: Tensor) -> Tensor:
+    expect_rank("bf16_round_rows", "x", x, 2)
+    return torch.empty(x.shape[0], (x.shape[1] + 1) // 2, dtype=torch.int32)
+
+
+def bf16_round_rows(lib: ctypes.CDLL, x: Tensor) -> Tensor:
+    """x [M, K] float32 as bfloat16 pairs [M, ceil(K / 2)] (csrc/bf16_matmul.c's layout)"""
+    pairs = bf16_round_rows_outputs(x)
+    lib.swarm_bf16_round_rows(x.data_ptr(), x.shape[0], x.shape[1], pairs.data_ptr(), torch.get_num_threads())
+    return pairs
+
+
+def bf16_pack_weight_outputs(w: Tensor, out: Tensor) -> None:
+    expect_rank("bf16_pack_weight", "w", w, 2)
+    expect_tensor("bf16_pack_weight", "out", out, bf16_panels_shape(*w.shape), torch.int32)
+
+
+def bf16_panels_shape(rows: int, cols: int) -> tuple[int, int, int]:
+    """The panels of a weight [rows, cols]: [ceil(rows / 16), ceil(cols / 2), 16] int32"""
+    return (rows + 15) // 16, (cols + 1) // 2, 16
+
+
+def bf16_pack_weight(lib: ctypes.CDLL, w: Tensor, out: Tensor) -> None:
+    """w [N, K] float32 as bfloat16 panels into out (bf16_panels_shape)"""
+    bf16_pack_weight_outputs(w, out)
+    lib.swarm_bf16_pack_weight(w.data_ptr(), w.shape[0], w.shape[1], out.data_ptr(), torch.get_num_threads())
+
+
+def bf16_pack_quant_outputs(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
+    rows = _expect_blocks("bf16_pack_quant", blocks, format, cols)
+    expect_tensor("bf16_pack_quant", "out", out, bf16_panels_shape(rows, cols), torch.int32)
+
+
+def bf16_pack_quant(lib: ctypes.CDLL, blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
+    """A weight's blocks [rows, bytes] (a format quant_matmul.c reads) as bfloat16 panels into out, the values
+    those of quant_dequantize"""
+    bf16_pack_quant_outputs(blocks, format, cols, out)
+    lib.swarm_bf16_pack_quant(blocks.data_ptr(), QUANT_FORMATS[format][0], blocks.shape[1], blocks.shape[0], cols,
+                              out.data_ptr(), torch.get_num_threads())
+
+
+def bf16_matmul_outputs(pairs: Tensor, panels: Tensor, rows: int, bias: Tensor | None, out: Tensor,
+                        first: int) -> None:
+    op = "bf16_matmul"
+    expect_rank(op, "pairs", pairs, 2, torch.int32)
+    expect_rank(op, "panels", panels, 3, torch.int32)
+    if not (panels.shape[1] == pairs.shape[1] and panels.shape[2] == 16 and 0 < rows <= 16 * panels.shape[0]
+            and rows > 16 * (panels.shape[0] - 1)):
+        raise refusal(op, "panels", f"must be [ceil({rows} / 16), {pairs.shape[1]}, 16], got {list(panels.shape)}")
+    expect_optional(op, "bias", bias, (rows,))
+    expect_rank(op, "out", out, 2)
+    if not (out.shape[0] == pairs.shape[0] and 0 <= first and first + rows <= out.shape[1]):
+        raise refusal(op, "out", f"must have {pairs.shape[0]} rows and columns [{first}, {first + rows}), "
+                                 f"got {list(out.shape)}")
+
+
+def bf16_matmul(lib: ctypes.CDLL, pairs: Tensor, panels: Tensor, rows: int, bias: Tensor | None, out: Tensor,
+                first: int) -> None:
+    """out[:, first:first + rows] = the pairs' rows @ the panels' `rows` weight rows .T + bias"""
+    bf16_matmul_outputs(pairs, panels, rows, bias, out, first)
+    lib.swarm_bf16_matmul(pairs.data_ptr(), pairs.shape[0], pairs.shape[1], panels.data_ptr(), rows,
+                          _ptr_or_null(bias), out.data_ptr() + 4 * first, out.shape[1], torch.get_num_threads())
+
+
 def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                          lengths: Tensor) -> tuple[Tensor, Tensor]:
     expect_rank("paged_decode", "q", q, 3)

@@ -1,9 +1,10 @@
 """The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::quant_matmul, swarm::quant_matmul_many,
-swarm::quant_dequantize, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
-swarm::merge_attention, each taking and returning tensors (torch.library.custom_op; quant_dequantize writes
-into its `out`). Their arguments are checked at the boundary (kernels.cpu.entry_points), the profiler lists
-them, and each has a fake implementation giving outputs of the right shape and dtype, so torch.compile and
-graph capture treat them as opaque ops.
+swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight, swarm::bf16_pack_quant,
+swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
+swarm::merge_attention, each taking and returning tensors (torch.library.custom_op; quant_dequantize and the
+bf16 packs and matmul write into their `out`). Their arguments are checked at the boundary
+(kernels.cpu.entry_points), the profiler lists them, and each has a fake implementation giving outputs of the
+right shape and dtype, so torch.compile and graph capture treat them as opaque ops.
 
     kernels.cpu.fused_ops, quant_matmul, native_attention   (pick the C kernel or PyTorch)
             │ ops.<name>(tensors..., library=None)
@@ -95,6 +96,26 @@ def _quant_dequantize(blocks: Tensor, format: str, cols: int, out: Tensor) -> No
     entry_points.quant_dequantize(built("quant_matmul"), blocks, format, cols, out)
 
 
+@custom_op("swarm::bf16_round_rows", mutates_args=())
+def _bf16_round_rows(x: Tensor) -> Tensor:
+    return entry_points.bf16_round_rows(built("bf16_matmul"), x)
+
+
+@custom_op("swarm::bf16_pack_weight", mutates_args=("out",))
+def _bf16_pack_weight(w: Tensor, out: Tensor) -> None:
+    entry_points.bf16_pack_weight(built("bf16_matmul"), w, out)
+
+
+@custom_op("swarm::bf16_pack_quant", mutates_args=("out",))
+def _bf16_pack_quant(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:
+    entry_points.bf16_pack_quant(built("bf16_matmul"), blocks, format, cols, out)
+
+
+@custom_op("swarm::bf16_matmul", mutates_args=("out",))
+def _bf16_matmul(pairs: Tensor, panels: Tensor, rows: int, bias: Tensor | None, out: Tensor, first: int) -> None:
+    entry_points.bf16_matmul(built("bf16_matmul"), pairs, panels, rows, bias, out, first)
+
+
 @custom_op("swarm::paged_decode", mutates_args=())
 def _paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor,
                   scale: float) -> tuple[Tensor, Tensor]:
@@ -121,6 +142,10 @@ _rotary.register_fake(entry_points.rotary_outputs)
 _quant_matmul.register_fake(entry_points.quant_matmul_outputs)
 _quant_matmul_many.register_fake(entry_points.quant_matmul_many_outputs)
 _quant_dequantize.register_fake(entry_points.quant_dequantize_outputs)
+_bf16_round_rows.register_fake(entry_points.bf16_round_rows_outputs)
+_bf16_pack_weight.register_fake(entry_points.bf16_pack_weight_outputs)
+_bf16_pack_quant.register_fake(entry_points.bf16_pack_quant_outputs)
+_bf16_matmul.register_fake(entry_points.bf16_matmul_outputs)
 _paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale:
                             entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
@@ -132,6 +157,10 @@ rotary = Kernel(_rotary, entry_points.rotary, "fused_ops")
 quant_matmul = Kernel(_quant_matmul, entry_points.quant_matmul, "quant_matmul")
 quant_matmul_many = Kernel(_quant_matmul_many, entry_points.quant_matmul_many, "quant_matmul")
 quant_dequantize = Kernel(_quant_dequantize, entry_points.quant_dequantize, "quant_matmul")
+bf16_round_rows = Kernel(_bf16_round_rows, entry_points.bf16_round_rows, "bf16_matmul")
+bf16_pack_weight = Kernel(_bf16_pack_weight, entry_points.bf16_pack_weight, "bf16_matmul")
+bf16_pack_quant = Kernel(_bf16_pack_quant, entry_points.bf16_pack_quant, "bf16_matmul")
+bf16_matmul = Kernel(_bf16_matmul, entry_points.bf16_matmul, "bf16_matmul")
 paged_decode = Kernel(_paged_decode, entry_points.paged_decode, "paged_decode")
 prefix_attention = Kernel(_prefix_attention, entry_points.prefix_attention, "prefix_attention")
 rows_attention = Kernel(_rows_attention, entry_points.rows_attention, "rows_attention")

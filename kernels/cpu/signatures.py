@@ -18,6 +18,12 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
         "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], None),
         "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], None)},
+    "bf16_matmul": {
+        "swarm_bf16_native": ([], _int),
+        "swarm_bf16_round_rows": ([_ptr, _i64, _i64, _ptr, _int], None),
+        "swarm_bf16_pack_weight": ([_ptr, _i64, _i64, _ptr, _int], None),
+        "swarm_bf16_pack_quant": ([_ptr, _int, _i64, _i64, _i64, _ptr, _int], None),
+        "swarm_bf16_matmul": ([_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _f32, _ptr, _ptr,
                                 _int], _int)},

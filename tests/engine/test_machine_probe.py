@@ -8,6 +8,7 @@ import torch
 from engine import cpu_has_native
 from engine.machine_probe import (
     CALIBRATION_SHAPE,
+    KERNEL,
     PREFILL_SHAPES,
     MachineProbe,
     bf16_mode_sums_in_float32,
@@ -15,6 +16,7 @@ from engine.machine_probe import (
     cached_probe,
     probe_machine,
 )
+from kernels.cpu import bf16_matmul
 
 SHORT = {"matmul": 0.05, "read": 0.05}   # each probe still runs its shapes at least once
 
@@ -27,12 +29,13 @@ def cache_dir(tmp_path, monkeypatch):
 
 def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could_use():
     probe = probe_machine(SHORT)
-    expected = {"float32", "bfloat16"} | ({"float16"} if cpu_has_native(torch.float16) else set())
+    expected = ({"float32", "bfloat16"} | ({"float16"} if cpu_has_native(torch.float16) else set())
+                | ({KERNEL} if bf16_matmul.native() else set()))
     assert set(probe.matmul_flop_s) == expected
     for dtype, rate in probe.matmul_flop_s.items():
         assert 0 < rate.flop_s < math.inf
         assert rate.shape in (CALIBRATION_SHAPE, *PREFILL_SHAPES)
-        assert rate.native == cpu_has_native(getattr(torch, dtype))
+        assert rate.native == (dtype == KERNEL or cpu_has_native(getattr(torch, dtype)))
         assert rate.float32_sums == (dtype != "bfloat16" or bf16_mode_sums_in_float32())
     assert 0 < probe.read_bytes_per_s < math.inf
     assert probe.probe_s > 0
@@ -69,3 +72,12 @@ def test_an_unreadable_cache_is_probed_again_and_rewritten(cache_dir):
     probe = cached_probe(budget_s=SHORT)
     assert not probe.from_cache
     assert list(json.loads(cache_path().read_text())) == [probe.key]
+
+
+def test_an_entry_without_a_path_this_machine_times_is_probed_again(cache_dir):
+    """An entry written before a path existed (swarm's bfloat16 kernel) would never offer it to dtype auto."""
+    first = cached_probe(budget_s=SHORT).to_json()
+    del first["matmul_flop_s"]["float32"]
+    cache_path().write_text(json.dumps({first["key"]: first}))
+    again = cached_probe(budget_s=SHORT)
+    assert not again.from_cache and "float32" in again.matmul_flop_s

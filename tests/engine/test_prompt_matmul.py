@@ -7,9 +7,17 @@ import torch
 
 from engine import prompt_matmul
 from engine.linear import Linear, PackedLinear
-from engine.machine_probe import MachineProbe, MatmulRate, bf16_mode_sums_in_float32, cache_path, this_machine_key
+from engine.machine_probe import (
+    KERNEL,
+    MachineProbe,
+    MatmulRate,
+    bf16_mode_sums_in_float32,
+    cache_path,
+    this_machine_key,
+)
 from engine.quantized_layers import QuantizedLinear
-from kernels.cpu import onednn_linear, quant_matmul
+from kernels.cpu import bf16_matmul, onednn_linear, quant_matmul
+from kernels.reference.bf16_matmul import bf16_matmul as bf16_pairs_oracle
 from kernels.reference.quant_matmul import DequantScratch
 from tests.helpers.random_blocks import gguf_values, random_weight
 
@@ -82,10 +90,11 @@ def test_decode_rows_keep_the_float32_kernels_inside_a_prompt_step():
     assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # the process-wide flag is put back
 
 
-def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True) -> None:
+def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10) -> None:
     probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
                          {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
-                          "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums)}, 1e10, 1.0)
+                          "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
+                          KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0)
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
@@ -101,3 +110,46 @@ def test_auto_takes_bfloat16_products_where_the_cached_probe_measured_them_faste
     assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
     assert prompt_matmul.choose("float32", CPU, torch.float32) == "float32"
     assert prompt_matmul.choose("auto", CPU, torch.bfloat16) == "float32"
+
+
+@pytest.mark.skipif(not bf16_matmul.native(), reason="swarm's bfloat16 kernel is not native on this CPU")
+@pytest.mark.parametrize(("bf16_flop_s", "sums", "kernel_flop_s", "expected"),
+                         [(3e11, True, 4e11, KERNEL), (3e11, False, 2e11, KERNEL), (3e11, True, 2e11, "bfloat16"),
+                          (3e11, False, 1.2e11, "float32")])
+def test_auto_takes_the_fastest_path_that_sums_in_float32(monkeypatch, tmp_path, bf16_flop_s, sums, kernel_flop_s,
+                                                          expected):
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    write_probe(bf16_flop_s, True, sums, kernel_flop_s)
+    assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
+
+
+@pytest.mark.skipif(not bf16_matmul.available(), reason="no C compiler for the kernels")
+def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_stay_float32():
+    quantized, dense = layers()["QuantizedLinear"], layers()["Linear"]
+    x = torch.randn(ALL_ROWS, 576, generator=torch.Generator().manual_seed(4))
+    together = in_prompt(quantized, x, KERNEL)
+    assert torch.equal(together, bf16_pairs_oracle(x, gguf_values(quantized.quantized)))
+    for count in ROW_COUNTS:
+        assert torch.equal(in_prompt(quantized, x[-count:], KERNEL), together[-count:]), f"{count} rows"
+    assert torch.equal(in_prompt(dense, x, KERNEL), in_prompt(dense, x, "float32"))
+    with torch.inference_mode(), prompt_matmul.prompt_rows(KERNEL), prompt_matmul.decode_rows():
+        assert torch.equal(quantized(x[:8]), in_prompt(quantized, x[:8], "float32"))
+
+
+@pytest.mark.skipif(not bf16_matmul.available(), reason="no C compiler for the kernels")
+def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(tiny_model_dir, monkeypatch):
+    """On any CPU (the plain build where there is no AVX512-BF16): the engine told to take the kernel's precision,
+    as auto does where the probe timed it fastest."""
+    from engine import LLM, SamplingParams
+    from tests.engine.test_llm import swarm_prompts
+
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: KERNEL)
+    folder = str(tiny_model_dir("llama"))
+    _, prompts = swarm_prompts(trunk_len=77, suffix_len=7)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    shared = LLM(folder, weights="q4_1", kv_budget_tokens=4096)
+    unshared = LLM(folder, weights="q4_1", kv_budget_tokens=4096, enable_prefix_caching=False)
+    assert shared.engine.kernels()["prompt_products"] == KERNEL
+    together = [o.token_ids for o in shared.generate(prompts, params)]
+    assert together == [o.token_ids for o in unshared.generate(prompts, params)]
+    assert together == [unshared.generate([p], params)[0].token_ids for p in prompts]

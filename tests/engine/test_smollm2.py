@@ -41,6 +41,18 @@ def test_shared_trunk_on_smollm2_gives_identical_greedy_output(llm):
     assert_sharing_changes_no_output(llm, unshared, max_tokens=12, alone=3)
 
 
+def test_sharing_changes_no_output_in_the_prompt_precision_auto_picks_here():
+    """dtype auto may give prompt rows bfloat16 products (engine/prompt_matmul.py: oneDNN's, or swarm's kernel on
+    AVX512-BF16): the invariant holds in whichever this machine's probe picks."""
+    shared = LLM(DEFAULT_MODEL, kv_budget_tokens=8192)
+    precision = shared.engine.kernels()["prompt_products"]
+    if precision == "float32":
+        pytest.skip("auto keeps prompts float32 on this machine: the float32 test covers it")
+    unshared = LLM(DEFAULT_MODEL, kv_budget_tokens=8192, enable_prefix_caching=False)
+    assert unshared.engine.kernels()["prompt_products"] == precision
+    assert_sharing_changes_no_output(shared, unshared, max_tokens=12, alone=3)
+
+
 def test_the_files_blocks_are_kept_and_give_the_float32_output(llm):
     from engine.quantized_layers import QuantizedLinear
     net = llm.engine.runner.model

@@ -1,4 +1,4 @@
-/* What quant_matmul.c exports to the other kernels (decode_layer.c links against its library). */
+/* What quant_matmul.c exports to the other kernels (decode_layer.c and bf16_matmul.c link against its library). */
 #pragma once
 #include <stdint.h>
 
@@ -15,3 +15,6 @@ typedef struct {
 
 /* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]] */
 void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads);
+
+/* out [N, K] float32 = rows [0, N) of the blocks q (format: GGML's type code), as gguf.quants.dequantize gives them */
+void swarm_quant_dequantize(const uint8_t *q, int format, int64_t N, int64_t K, float *out, int threads);
