@@ -6,7 +6,7 @@ its sums and its output in float32:
     "bfloat16"          oneDNN's bf16 "fpmath mode" (torch.backends.mkldnn.matmul.fp32_precision = "bf16"),
                         for every linear layer; on AMX it sums in float32, on a Zen 4 it rounds its sums
     "bfloat16_kernel"   swarm's kernel (kernels/cpu/bf16_matmul.py: AVX512-BF16, sums as vdpbf16ps does), for
-                        the quantized layers; float weights' layers stay float32 in this mode
+                        the quantized layers; float weights' layers and the attention stay float32 in this mode
 The activations, the KV cache and every other op stay float32. A decode step's few rows are bound by reading the
 weights, not by products, and keep swarm's float32 kernels.
 

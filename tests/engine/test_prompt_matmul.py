@@ -140,12 +140,15 @@ def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_
 def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(tiny_model_dir, monkeypatch):
     """On any CPU (the plain build where there is no AVX512-BF16): the engine told to take the kernel's precision,
     as auto does where the probe timed it fastest."""
+    import random
+
     from engine import LLM, SamplingParams
-    from tests.engine.test_llm import swarm_prompts
 
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: KERNEL)
     folder = str(tiny_model_dir("llama"))
-    _, prompts = swarm_prompts(trunk_len=77, suffix_len=7)
+    draw = random.Random(0)
+    trunk = [draw.randrange(4, 300) for _ in range(77)]   # ends inside a block of 16
+    prompts = [trunk + [10 + i] + [draw.randrange(4, 300) for _ in range(6)] for i in range(8)]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     shared = LLM(folder, weights="q4_1", kv_budget_tokens=4096)
     unshared = LLM(folder, weights="q4_1", kv_budget_tokens=4096, enable_prefix_caching=False)
