@@ -22,8 +22,9 @@ every prompt row takes it, even in a chunk of 3 rows the decode kernels would ot
 do: in a decode step, nor beside a prompt in a mixed step (engine.model.rows_apart).
 
 The kernel's precision costs a small prompt step what a large one gains: each step lays every quantized weight out
-in bfloat16 once (SmolLM2 on a 2-core Zen 4: 8 agents' 3-token turns over a cached 2,112-token trunk, 0.26 s
-against 0.19-0.24 s in float32), where a 2,048-token trunk's prefill takes 0.68x float32's time.
+in bfloat16 once (SmolLM2 on a 2-core Zen 4: 8 agents' 3-token turns over a cached 2,112-token trunk took
+0.20-0.27 s against 0.18-0.24 s in float32), where 8 agents' 2,048-token trunk and suffixes took 3.56-3.66 s
+against 4.78-6.44 s.
 
 The runner sets the precision for one step (`prompt_rows`), on the engine's thread; the linear layers run
 their products through `with_step_precision`. torch's flag is process-wide, so it is set only around each of

@@ -5,8 +5,8 @@ it on each device:
       (not prompt rows that take bfloat16 products: engine.prompt_matmul), through a WeightSet
       (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
-    CPU prompt rows in swarm's bfloat16 precision            kernels.cpu.bf16_matmul, on tiles dequantized
-      (engine.prompt_matmul: AVX512-BF16 where oneDNN's        into the scratch as below
+    CPU prompt rows in swarm's bfloat16 precision            kernels.cpu.bf16_matmul: the blocks laid out in
+      (engine.prompt_matmul: AVX512-BF16 where oneDNN's        bfloat16 panels into the scratch, a tile at a time
       bf16 mode rounds its sums)
     anything else (CPU prefill, other formats, dtypes)       tiles of the weight dequantized into one scratch
                                                              buffer the whole model shares, then the GEMM of
@@ -42,7 +42,6 @@ class QuantizedLinear(nn.Module):
         self._cpu_kernel = on_cpu and cpu_kernel.supports(weight.format) and cpu_kernel.available()
         self._triton = None if on_cpu else _triton_matmul(weight.format)
         self._expand = _cpu_expander(weight.format) if on_cpu else None
-        self._bf16_kernel = on_cpu and bf16_kernel.available()
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,9 +49,8 @@ class QuantizedLinear(nn.Module):
             return self.weight_set_with(())(x)[0]
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
-        if self._bf16_kernel and prompt_matmul.kernel_now():
-            return bf16_kernel.quantized_linear(x, self.quantized, self.bias, self.scratch,
-                                                None if self._expand else _reference_expansion)
+        if prompt_matmul.kernel_now() and x.is_cpu and bf16_kernel.available():
+            return bf16_kernel.quantized_linear(x, self.quantized, self.bias, self.scratch)
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
                                                  dequantize=self._expand)
 
@@ -111,10 +109,6 @@ def _triton_matmul(format: str):
     except ImportError:   # a torch build without triton
         return None
     return triton_kernel.quant_matmul if triton_kernel.supports(format) else None
-
-
-def _reference_expansion(weight: QuantizedTensor, rows: tuple[int, int], out: torch.Tensor) -> torch.Tensor:
-    return gguf_dequant.dequantize(weight, rows, out=out)
 
 
 def _cpu_expander(format: str):

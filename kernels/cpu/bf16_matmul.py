@@ -23,7 +23,13 @@ import torch
 
 from kernels.cpu import entry_points, ops
 from kernels.reference.quant_blocks import QuantizedTensor
-from kernels.reference.quant_matmul import DEFAULT_TILE_BYTES, DequantScratch, TileExpander, tile_rows
+from kernels.reference.quant_matmul import (
+    DEFAULT_TILE_BYTES,
+    DequantScratch,
+    TileExpander,
+    reference_expansion,
+    tile_rows,
+)
 
 TILE_MULTIPLE = 64   # weight rows: whole steps of the kernel (4 panels of 16)
 
@@ -51,9 +57,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
 
 def quantized_linear(x: torch.Tensor, weight: QuantizedTensor, bias: torch.Tensor | None, scratch: DequantScratch,
                      expand: TileExpander | None = None, tile_bytes: int = DEFAULT_TILE_BYTES) -> torch.Tensor:
-    """x [..., K] float32 @ W.T + bias for a weight kept in blocks: expanded by the C code, or where `expand` is
-    given (for a format that code does not read) by it, a tile of rows in float32 in `scratch`."""
+    """x [..., K] float32 @ W.T + bias for a weight kept in blocks, expanded by the C code where it reads the
+    format; otherwise, or where `expand` is given, by `expand` (gguf_dequant's by default), a tile of rows in
+    float32 in `scratch`."""
     rows, cols = weight.shape
+    if expand is None and weight.format not in entry_points.QUANT_FORMATS:
+        expand = reference_expansion
     flat = x.reshape(-1, cols).contiguous()
     out = torch.empty(flat.shape[0], rows)
     pairs = ops.bf16_round_rows(flat)

@@ -58,7 +58,7 @@ def dequant_matmul(x: Tensor, weight: QuantizedTensor, bias: Tensor | None = Non
     assert x.shape[-1] == cols, f"x has {x.shape[-1]} columns, the weight {cols}"
     assert x.device == weight.device, f"x is on {x.device}, the weight on {weight.device}"
     scratch = DequantScratch() if scratch is None else scratch
-    expand = dequantize or _reference_expansion
+    expand = dequantize or reference_expansion
     flat = x.reshape(-1, cols)
     out = torch.empty(flat.shape[0], rows, dtype=x.dtype, device=x.device)
     bias = None if bias is None else bias.to(x.dtype)
@@ -75,7 +75,8 @@ def tile_rows(rows: int, cols: int, element_size: int, tile_bytes: int) -> int:
     return max(1, min(rows, tile_bytes // (cols * element_size)))
 
 
-def _reference_expansion(weight: QuantizedTensor, rows: tuple[int, int], out: Tensor) -> Tensor:
+def reference_expansion(weight: QuantizedTensor, rows: tuple[int, int], out: Tensor) -> Tensor:
+    """Rows [r0, r1) of the weight into out, in out's dtype, by gguf_dequant (the expansion of any format)."""
     return gguf_dequant.dequantize(weight, rows, out=out)
 
 

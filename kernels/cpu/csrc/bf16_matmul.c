@@ -15,7 +15,6 @@
  * by 64 outputs a step in 24 registers (csrc/bf16_tiles.h). Built by kernels/cpu/native.py; called from
  * kernels/cpu/bf16_matmul.py.
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +29,7 @@
 
 static uint32_t pair_of(const float *row, int64_t K, int64_t pair) {
     int64_t k = 2 * pair;
-    uint32_t high = k + 1 < K ? bf16_bits(row[k + 1]) : 0;
-    return bf16_bits(row[k]) | high << 16;
+    return bf16_pair(row[k], k + 1 < K ? row[k + 1] : 0.0f);
 }
 
 void swarm_bf16_round_rows(const float *x, int64_t M, int64_t K, uint32_t *pairs, int threads) {
