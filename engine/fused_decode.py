@@ -1,10 +1,13 @@
 """A decode step's Llama-family layer as three C calls around its attention (kernels.cpu.decode_layer), where
 every projection is a QuantizedLinear on the CPU kernel and the rows are float32: the dozen Python calls of the
-layer's PyTorch path (engine.model.DecoderLayer) cost about a third of a SmolLM2 decode step.
+layer's PyTorch path (engine.model.DecoderLayer) cost about a third of a SmolLM2 decode step. Where every layer
+is such a layer and the attention is the cascade backend on the C kernels, the whole stack of layers runs as one
+C call (kernels.cpu.decode_stack): the backend's Python in each layer cost another fifth.
 
 The C calls run the same code in the same order as that path, so a row's bits are the same either way: a decode
 row beside a prompt in a mixed step, which takes the PyTorch path (engine.model.rows_apart), gets the logits a
-decode-only step gives it. `unfused()` turns the C calls off, for the tests that compare the two.
+decode-only step gives it. `unfused()` turns the C calls off and `layer_by_layer()` the one-call stack, for the
+tests that compare them.
 """
 from __future__ import annotations
 
@@ -15,12 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionBatch
+from engine.attention.cascade import CascadeBackend
+from engine.attention.kernel_sets import NATIVE_KERNELS
+from engine.attention.plan import DecodePlan
 from engine.quantized_layers import QuantizedLinear
-from kernels.cpu import ops
+from kernels.cpu import fused_ops, ops
 from kernels.cpu.decode_layer import DecodeLayer, LayerNorms
+from kernels.cpu.decode_stack import DecodeStack, Trunk
 from kernels.cpu.quant_matmul import MAX_ROWS
 
 _enabled = True
+_stacked = True
 
 
 @contextmanager
@@ -32,6 +40,17 @@ def unfused():
         yield
     finally:
         _enabled = before
+
+
+@contextmanager
+def layer_by_layer():
+    """Decode steps run their layers' C calls one layer at a time while inside."""
+    global _stacked
+    before, _stacked = _stacked, False
+    try:
+        yield
+    finally:
+        _stacked = before
 
 
 def kernel_for(layer: nn.Module) -> DecodeLayer | None:
@@ -67,7 +86,65 @@ def layer_step(layer: nn.Module, kernel: DecodeLayer, x: torch.Tensor, rotary: t
     q, k, v = kernel.attention_inputs(x, cos.contiguous(), sin.contiguous())
     attended = attention.forward(q, k, v, layer.self_attn.layer_index, batch)
     h, gate, up = kernel.mlp_inputs(x, attended.reshape(x.shape[0], -1).contiguous())
-    return kernel.mlp_output(h, F.silu(gate, inplace=True).mul_(up))
+    return kernel.mlp_output(h, silu_mul(gate, up))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: the C op where it applies (the bits the stack's C loop gives), torch's otherwise."""
+    fused = fused_ops.silu_mul(gate, up)
+    return fused if fused is not None else F.silu(gate, inplace=True).mul_(up)
+
+
+class StackCache:
+    """A model's DecodeStack, made on the first decode step that can take it and made again if the attention
+    backend or its KV pool changes; None where a layer or the backend is not one the C code runs."""
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._stack: DecodeStack | None = None
+
+    def stack(self, kernels: list[DecodeLayer | None], layer_indices: list[int],
+              attention: AttentionBackend) -> DecodeStack | None:
+        if not (_stacked and isinstance(attention, CascadeBackend) and attention.kernels is NATIVE_KERNELS
+                and all(kernel is not None for kernel in kernels) and DecodeStack.available()):
+            return None
+        caches = [attention.kv.layers[i] for i in layer_indices]
+        key = (id(attention), tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
+        if key != self._key:
+            self._stack = _stack_or_none(kernels, caches, attention.scale)
+            self._key = key
+        return self._stack
+
+
+def stack_step(stack: DecodeStack, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+               batch: AttentionBatch) -> torch.Tensor | None:
+    """The last layer's output for a decode-only step's rows x, every row's K/V written; None (nothing written)
+    where the step is not one the stack takes."""
+    cos, sin = rotary
+    plan = batch.plan.decode if batch.plan is not None else None
+    if (batch.is_prefill or plan is None or not (_enabled and x.dtype == torch.float32 and x.is_cpu and x.dim() == 2
+                                                 and 0 < x.shape[0] <= MAX_ROWS and cos.shape[-1] == stack.head_dim
+                                                 and not ops.torch_is_watching())):
+        return None
+    return stack.run(x.contiguous(), cos.contiguous(), sin.contiguous(), batch.slot_mapping.contiguous(),
+                     plan.private_tables.contiguous(), plan.private_lens.contiguous(), _trunks(plan))
+
+
+def _trunks(plan: DecodePlan) -> list[Trunk]:
+    trunks = []
+    for prefix in plan.prefixes:
+        rows = prefix.rows
+        if isinstance(rows, slice):
+            rows = torch.arange(rows.start, rows.stop, dtype=torch.int64)
+        trunks.append(Trunk(rows.to(torch.int64).contiguous(), prefix.members, prefix.blocks, prefix.first_block,
+                            prefix.num_blocks))
+    return trunks
+
+
+def _stack_or_none(kernels, caches, scale: float) -> DecodeStack | None:
+    if not all(_float32_on_cpu(k) and _float32_on_cpu(v) for k, v in caches):
+        return None
+    return DecodeStack(kernels, caches, scale)
 
 
 def _float32_on_cpu(tensor: torch.Tensor) -> bool:

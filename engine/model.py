@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine import fused_decode, prompt_matmul, quantized_layers
@@ -162,7 +161,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, split: int | None = None) -> torch.Tensor:
         gate, up = projections([self.gate_proj, self.up_proj], x, split)
-        return rows_apart(self.down_proj, F.silu(gate, inplace=True).mul_(up), split)
+        return rows_apart(self.down_proj, fused_decode.silu_mul(gate, up), split)
 
 
 _NOT_MADE = object()
@@ -217,6 +216,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.decoder_type(config)
+        self._decode_stack = fused_decode.StackCache()
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -227,10 +227,23 @@ class CausalLM(nn.Module):
         `batch`). The last layer computes only those rows; every token's K/V is written in every layer."""
         x = self.model.embed_tokens(input_ids)
         rotary = self.model.rotary_emb(positions)
+        stacked = self._stacked_step(x, rotary, batch, attention)
+        if stacked is not None:
+            return self.model.norm(stacked)
         *layers, last = self.model.layers
         for layer in layers:
             x = layer(x, rotary, batch, attention)
         return self.model.norm(last(x, rotary, batch.last_tokens(), attention))
+
+    def _stacked_step(self, x, rotary, batch: AttentionBatch, attention: AttentionBackend) -> torch.Tensor | None:
+        """A decode-only step through every layer as one C call (engine.fused_decode), or None: the layers then
+        run one by one. Only a plain stack of DecoderLayers takes it: a subclass's layers compute other things."""
+        if batch.is_prefill or any(type(layer) is not DecoderLayer for layer in self.model.layers):
+            return None
+        layers = self.model.layers
+        stack = self._decode_stack.stack([layer.decode_kernel() for layer in layers],
+                                         [layer.self_attn.layer_index for layer in layers], attention)
+        return None if stack is None else fused_decode.stack_step(stack, x, rotary, batch)
 
     def compute_logits(self, hidden: torch.Tensor, split: int | None = None) -> torch.Tensor:
         return rows_apart(self.lm_head, hidden, split)

@@ -21,11 +21,13 @@ from kernels.cpu.checks import expect_rank, expect_tensor, refusal
 from kernels.cpu.weight_set import Description, WeightSet
 
 OP = "decode_layer"
-MAX_HEAD_DIM = 1024   # csrc/decode_layer.c's
+MAX_HEAD_DIM = 1024   # csrc/decode_layer.h's
 _ptr = ctypes.c_void_p
 
 
-class _Layer(ctypes.Structure):
+class Layer(ctypes.Structure):
+    """csrc/decode_layer.h's swarm_decode_layer"""
+
     _fields_ = [("qkv", ctypes.POINTER(Description)), ("o", ctypes.POINTER(Description)),
                 ("gate_up", ctypes.POINTER(Description)), ("down", ctypes.POINTER(Description)),
                 ("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
@@ -55,11 +57,11 @@ class DecodeLayer:
         self.intermediate = gate_up.rows[0]
         _check_shapes(self)
         pointer = ctypes.pointer
-        self._layer = _Layer(pointer(qkv.description), pointer(o.description), pointer(gate_up.description),
+        self.description = Layer(pointer(qkv.description), pointer(o.description), pointer(gate_up.description),
                              pointer(down.description), norms.input.data_ptr(), norms.post_attention.data_ptr(),
                              _pointer_or_null(norms.q), _pointer_or_null(norms.k), norms.eps, self.hidden, heads,
                              kv_heads, head_dim)
-        self._by_reference = ctypes.byref(self._layer)
+        self._by_reference = ctypes.byref(self.description)
         self._library = entry_points.library(OP)
 
     @staticmethod

@@ -51,6 +51,18 @@ def rms_norm(lib: ctypes.CDLL, x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return out
 
 
+def silu_mul_outputs(gate: Tensor, up: Tensor) -> Tensor:
+    expect_rank("silu_mul", "gate", gate, max(gate.dim(), 1))   # any rank from 1 up
+    expect_tensor("silu_mul", "up", up, gate.shape)
+    return torch.empty_like(gate)
+
+
+def silu_mul(lib: ctypes.CDLL, gate: Tensor, up: Tensor) -> Tensor:
+    out = silu_mul_outputs(gate, up)
+    lib.swarm_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def rotary_outputs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     expect_rank("rotary", "x", x, 3)
     tokens, _, dim = x.shape

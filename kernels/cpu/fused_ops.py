@@ -1,5 +1,6 @@
-"""RMSNorm and the rotary embedding as one C call each (kernels/cpu/csrc/fused_ops.c, the ops swarm::rms_norm
-and swarm::rotary), for float32 CPU tensors; anything else returns None and the caller keeps its PyTorch code."""
+"""RMSNorm, the rotary embedding and silu(gate) * up as one C call each (kernels/cpu/csrc/fused_ops.c, the ops
+swarm::rms_norm, swarm::rotary and swarm::silu_mul), for float32 CPU tensors; anything else returns None and the
+caller keeps its PyTorch code."""
 from __future__ import annotations
 
 import torch
@@ -24,3 +25,11 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if not _native(x, cos, sin) or x.shape[-1] % 2:
         return None
     return ops.rotary(x.contiguous(), cos.contiguous(), sin.contiguous())
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up, or None. Every float32 CPU MLP takes it, a decode step's C layers too (csrc/layer_rows.h):
+    a row's bits must not depend on which path its step took."""
+    if not _native(gate, up) or gate.shape != up.shape:
+        return None
+    return ops.silu_mul(gate.contiguous(), up.contiguous())

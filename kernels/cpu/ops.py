@@ -1,6 +1,6 @@
-"""The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::quant_matmul, swarm::quant_matmul_many,
-swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight, swarm::bf16_pack_quant,
-swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
+"""The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::silu_mul, swarm::quant_matmul,
+swarm::quant_matmul_many, swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight,
+swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
 swarm::merge_attention, each taking and returning tensors (torch.library.custom_op; quant_dequantize and the
 bf16 packs and matmul write into their `out`). Their arguments are checked at the boundary
 (kernels.cpu.entry_points), the profiler lists them, and each has a fake implementation giving outputs of the
@@ -80,6 +80,11 @@ def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return entry_points.rotary(built("fused_ops"), x, cos, sin)
 
 
+@custom_op("swarm::silu_mul", mutates_args=())
+def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    return entry_points.silu_mul(built("fused_ops"), gate, up)
+
+
 @custom_op("swarm::quant_matmul", mutates_args=())
 def _quant_matmul(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tensor | None) -> Tensor:
     return entry_points.quant_matmul(built("quant_matmul"), x, blocks, format, cols, bias)
@@ -139,6 +144,7 @@ def _merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor)
 
 _rms_norm.register_fake(lambda x, weight, eps: entry_points.rms_norm_outputs(x, weight))
 _rotary.register_fake(entry_points.rotary_outputs)
+_silu_mul.register_fake(entry_points.silu_mul_outputs)
 _quant_matmul.register_fake(entry_points.quant_matmul_outputs)
 _quant_matmul_many.register_fake(entry_points.quant_matmul_many_outputs)
 _quant_dequantize.register_fake(entry_points.quant_dequantize_outputs)
@@ -154,6 +160,7 @@ _merge_attention.register_fake(entry_points.merge_attention_outputs)
 
 rms_norm = Kernel(_rms_norm, entry_points.rms_norm, "fused_ops")
 rotary = Kernel(_rotary, entry_points.rotary, "fused_ops")
+silu_mul = Kernel(_silu_mul, entry_points.silu_mul, "fused_ops")
 quant_matmul = Kernel(_quant_matmul, entry_points.quant_matmul, "quant_matmul")
 quant_matmul_many = Kernel(_quant_matmul_many, entry_points.quant_matmul_many, "quant_matmul")
 quant_dequantize = Kernel(_quant_dequantize, entry_points.quant_dequantize, "quant_matmul")

@@ -8,7 +8,8 @@ _ptr, _i64, _f32, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes
 SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function -> (argument types, result)
     "fused_ops": {
         "swarm_rms_norm": ([_ptr, _ptr, _i64, _i64, _f32, _ptr, _int], None),
-        "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None)},
+        "swarm_rotary": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int], None),
+        "swarm_silu_mul": ([_ptr, _ptr, _i64, _ptr, _int], None)},
     "quant_matmul": {
         "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
         "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
@@ -18,6 +19,8 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
         "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], None),
         "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], None)},
+    "decode_stack": {
+        "swarm_decode_stack_run": ([_ptr, _ptr, _ptr, _int], _int)},
     "bf16_matmul": {
         "swarm_bf16_native": ([], _int),
         "swarm_bf16_round_rows": ([_ptr, _i64, _i64, _ptr, _int], None),

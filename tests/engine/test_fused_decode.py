@@ -1,6 +1,6 @@
-"""A decode step's layers as three C calls each (engine.fused_decode) give the logits of the PyTorch path bit for
-bit, on quantized tiny models of each family and on SmolLM2's own file, with mixed steps (which take the PyTorch
-path for their decode rows) among them."""
+"""A decode step's layers as one C call (the stack), or as three C calls each (engine.fused_decode), give the
+logits of the PyTorch path bit for bit, on quantized tiny models of each family and on SmolLM2's own file, with
+mixed steps (which take the PyTorch path for their decode rows) and shared trunks among them."""
 import pytest
 import torch
 
@@ -13,15 +13,17 @@ from tests.helpers.tiny_gguf import smollm2_or_skip
 pytestmark = pytest.mark.skipif(not DecodeLayer.available(), reason="no C compiler for the kernels")
 
 
-def counted_layer_steps(monkeypatch) -> list:
-    """A list that grows by one each time a layer's decode step runs in C."""
-    calls, layer_step = [], fused_decode.layer_step
+def counted(monkeypatch, name: str) -> list:
+    """A list that grows by one each time fused_decode.<name> runs: a layer's decode step (layer_step) or a whole
+    step's layers (stack_step) in C."""
+    calls, original = [], getattr(fused_decode, name)
 
-    def counted(*args):
-        calls.append(1)
-        return layer_step(*args)
+    def counting(*args):
+        result = original(*args)
+        calls.append(result is not None)
+        return result
 
-    monkeypatch.setattr(fused_decode, "layer_step", counted)
+    monkeypatch.setattr(fused_decode, name, counting)
     return calls
 
 
@@ -49,13 +51,26 @@ def staggered_with_logits(engine, prompts, params):
 
 
 def fused_and_unfused(make_engine, prompts, params, monkeypatch, run=staggered_with_logits):
-    """Each on an engine of its own: a prompt whose blocks another run left cached would compute fewer rows."""
-    calls = counted_layer_steps(monkeypatch)
+    """The runs stacked, layer by layer and unfused, each on an engine of its own (a prompt whose blocks another
+    run left cached would compute fewer rows); the first two must equal the third."""
+    stacked, by_layer = counted(monkeypatch, "stack_step"), counted(monkeypatch, "layer_step")
     fused, mixed_steps = run(make_engine(), prompts, params)
-    assert calls, "no decode step ran in C"
+    assert any(stacked), "no decode step ran as one C call"
+    with fused_decode.layer_by_layer():
+        layered, _ = run(make_engine(), prompts, params)
+    assert by_layer, "no decode step ran layer by layer in C"
     with fused_decode.unfused():
         unfused, _ = run(make_engine(), prompts, params)
+    assert_same_runs(layered, unfused)
     return fused, unfused, mixed_steps
+
+
+def assert_same_runs(runs, want):
+    """The same tokens, from bitwise-equal logits, run for run."""
+    assert len(runs) == len(want)
+    for (tokens, logits), (want_tokens, want_logits) in zip(runs, want):
+        assert tokens == want_tokens
+        assert torch.equal(logits, want_logits)
 
 
 @pytest.mark.parametrize("weights", ["q8_0", "q4_1"])
@@ -66,9 +81,7 @@ def test_decode_steps_in_c_give_the_pytorch_paths_logits(tiny_model_dir, variant
     fused, unfused, mixed_steps = fused_and_unfused(lambda: LLMEngine(str(tiny_model_dir(variant)), options),
                                                     prompts_of([5, 30, 61, 90], seed=2), params, monkeypatch)
     assert mixed_steps >= 1
-    for (tokens, logits), (want_tokens, want_logits) in zip(fused, unfused):
-        assert tokens == want_tokens
-        assert torch.equal(logits, want_logits)
+    assert_same_runs(fused, unfused)
 
 
 def test_smollm2s_decode_steps_in_c_give_the_pytorch_paths_logits(monkeypatch):
@@ -79,9 +92,24 @@ def test_smollm2s_decode_steps_in_c_give_the_pytorch_paths_logits(monkeypatch):
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     fused, unfused, _ = fused_and_unfused(make_engine, prompts_of([40, 300, 7], seed=5), params, monkeypatch,
                                           run_with_logits)
-    assert all(torch.equal(a[1], b[1]) and a[0] == b[0] for a, b in zip(fused, unfused))
+    assert_same_runs(fused, unfused)
 
 
 def test_float_weights_keep_the_pytorch_path(tiny_model_dir):
     engine = LLMEngine(str(tiny_model_dir("llama")), EngineOptions(kv_budget_tokens=4096, weights="float"))
     assert all(layer.decode_kernel() is None for layer in engine.runner.model.model.layers)
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_stacked_steps_read_a_shared_trunk_as_the_cascade_does(tiny_model_dir, variant, monkeypatch):
+    trunk_reads = []
+    trunks = fused_decode._trunks
+    monkeypatch.setattr(fused_decode, "_trunks", lambda plan: trunk_reads.append(len(plan.prefixes)) or trunks(plan))
+    trunk = prompts_of([150], seed=3)[0]
+    prompts = [trunk + suffix for suffix in prompts_of([3, 20, 9], seed=4)] + prompts_of([40], seed=6)
+    options = EngineOptions(kv_budget_tokens=4096, weights="q8_0")
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    fused, unfused, _ = fused_and_unfused(lambda: LLMEngine(str(tiny_model_dir(variant)), options), prompts, params,
+                                          monkeypatch, run_with_logits)
+    assert max(trunk_reads) == 1, "the three prompts' decode steps shared no trunk"
+    assert_same_runs(fused, unfused)

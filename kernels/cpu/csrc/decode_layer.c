@@ -5,28 +5,20 @@
  *     swarm_decode_attention_in    x -> RMSNorm -> q, k, v projections -> q and k norms (Qwen3) -> rotary
  *     (attention, in Python: the KV pool's cascade, engine.attention)
  *     swarm_decode_mlp_in          attended -> o projection, + x = h -> RMSNorm -> gate and up projections
- *     (silu(gate) * up, in torch: the prompt rows of a mixed step take torch's silu, and a row's bits must not
- *      depend on its step)
+ *     (silu(gate) * up: fused_ops' silu_mul, which every float32 CPU MLP takes)
  *     swarm_decode_mlp_out         act -> down projection, + h
  *
  * Each piece is the very code the ops run one by one (layer_rows.h, quant_matmul.c's matmul, float adds), in
  * the same order, so a row gets the bits the layer's PyTorch path gives it. Built by kernels/cpu/native.py
- * and linked against quant_matmul's library; called through kernels/cpu/decode_layer.py.
+ * and linked against quant_matmul's library; called through kernels/cpu/decode_layer.py, and by decode_stack.c,
+ * which runs every layer of a step in one call.
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "decode_layer.h"
 #include "layer_rows.h"
-#include "quant_matmul.h"
-
-#define MAX_HEAD_DIM 1024
-
-typedef struct {
-    const swarm_weight_set *qkv, *o, *gate_up, *down;
-    const float *input_norm, *post_norm, *q_norm, *k_norm;   /* q_norm, k_norm: NULL where the model has none */
-    float eps;
-    int64_t hidden, heads, kv_heads, head_dim;
-} swarm_decode_layer;
+#include "quant_matmul.h"   /* its library: kernels/cpu/native.py links the kernels whose headers a source names */
 
 /* each head_dim-wide head of x [rows, heads, head_dim] normed by weight (NULL: none), then turned by the row's
    cos and sin [rows, head_dim] */

@@ -21,6 +21,7 @@
 #endif
 
 #include "attention_tiles.h"
+#include "paged_decode.h"
 #include "task_pool.h"
 
 #define CHUNK 256   /* tokens a task */

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prefix_attention.h"
 #include "task_pool.h"
 
 #define CHUNK 256     /* keys per task: 8 tasks per KV head at a 2,048-token trunk */

@@ -1,6 +1,8 @@
-"""The C RMSNorm and rotary embedding against transformers' own Llama modules (the oracle)."""
+"""The C RMSNorm and rotary embedding against transformers' own Llama modules (the oracle), and silu(gate) * up
+against torch's silu and float64."""
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from kernels.cpu import fused_ops, native
@@ -41,7 +43,33 @@ def test_rotary_is_bit_identical_to_transformers(tokens, heads, dim):
     assert torch.equal(fused_ops.rotary(k, cos, sin), want_k[0].transpose(0, 1))
 
 
+@pytest.mark.parametrize("shape", [(1, 1536), (8, 1536), (3, 13), (70000,), (5,)])
+def test_silu_mul_is_torchs_to_a_few_ulps(shape):
+    torch.manual_seed(2)
+    gate, up = torch.randn(shape) * 8, torch.randn(shape)
+    got = fused_ops.silu_mul(gate, up)
+    exact = gate.double() * torch.sigmoid(gate.double()) * up.double()
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=4e-6, atol=1e-30)
+    assert ((got.double() - exact).abs() <= 6e-7 * exact.abs() + 1e-37).all()
+
+
+def test_silu_mul_at_the_edges():
+    """Past -87, where silu is below 1e-35, it flushes to 0, as its exp does."""
+    gate = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 87.0, -87.5, 100.0, -100.0, 3e38, -3e38])
+    got = fused_ops.silu_mul(gate, torch.full_like(gate, 2.0))
+    exact = (gate.double() * torch.sigmoid(gate.double()) * 2).float()
+    torch.testing.assert_close(got, exact, rtol=1e-6, atol=1e-35)
+    assert not got.isnan().any()
+
+
+def test_silu_mul_gives_each_element_the_same_bits_in_any_run():
+    gate, up = torch.randn(3, 1541) * 5, torch.randn(3, 1541)
+    whole = fused_ops.silu_mul(gate, up)
+    assert torch.equal(fused_ops.silu_mul(gate[1:2, 3:], up[1:2, 3:]), whole[1:2, 3:])
+
+
 def test_other_dtypes_are_left_to_pytorch():
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     assert fused_ops.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-5) is None
     assert fused_ops.rotary(x[:, None], x.float(), x.float()) is None
+    assert fused_ops.silu_mul(x, x) is None

@@ -44,6 +44,7 @@ def op_args(name):
     return {
         "rms_norm": lambda: (randn(5, 64), randn(64, seed=1), 1e-5),
         "rotary": lambda: (randn(7, 3, 64), randn(7, 64, seed=1), randn(7, 64, seed=2)),
+        "silu_mul": lambda: (randn(3, 70), randn(3, 70, seed=1)),
         "quant_matmul": lambda: (randn(4, 320), weight.blocks, weight.format, weight.cols, randn(96)),
         "quant_matmul_many": lambda: (randn(4, 320), [weight.blocks, other.blocks], [code("Q4_1"), code("Q8_0")], 320,
                                       [randn(96), None]),
@@ -56,7 +57,7 @@ def op_args(name):
     }[name]()
 
 
-NAMES = ["rms_norm", "rotary", "quant_matmul", "quant_matmul_many", "paged_decode", "prefix_attention",
+NAMES = ["rms_norm", "rotary", "silu_mul", "quant_matmul", "quant_matmul_many", "paged_decode", "prefix_attention",
          "rows_attention", "merge_attention"]
 WRITING = ["quant_dequantize"]   # ops that write into their last argument, returning nothing
 

@@ -1,0 +1,165 @@
+/* Every layer of a decode step in one call, for float32 rows against weights in GGUF blocks: each layer's three
+ * calls (decode_layer.c) around its attention over the paged KV pool, that attention as the cascade backend
+ * runs it (engine/attention/cascade.py: each row's private tail through paged_decode.c, each shared trunk
+ * through prefix_attention.c, merged by log-sum-exp), and silu(gate) * up between (layer_rows.h). The Python
+ * around those calls (the backend, checks, outputs) cost about 4 ms of a 19 ms SmolLM2 step.
+ *
+ * The same functions run in the same order on the same operands as the layer-by-layer path, so a row gets the
+ * same bits either way. Built by kernels/cpu/native.py and linked against the libraries of the kernels whose
+ * headers it includes; called through kernels/cpu/decode_stack.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode_layer.h"
+#include "layer_rows.h"
+#include "paged_decode.h"
+#include "prefix_attention.h"
+
+typedef struct {
+    const swarm_decode_layer *layers;            /* count of them, in order */
+    float *const *k_caches, *const *v_caches;    /* each layer's: [blocks, block_size, kv_heads, head_dim] */
+    int64_t count, block_size;
+    float scale;                                 /* the softmax scale */
+} swarm_decode_stack;
+
+typedef struct {                 /* a trunk some rows share (engine.attention.plan.SharedPrefix) */
+    const int64_t *rows;         /* the batch rows that share it, count of them */
+    const uint8_t *members;      /* per row of rows: 1 where it reads the trunk; NULL: every one does */
+    const int64_t *blocks;       /* its block ids; NULL where they are first_block, first_block + 1, ... */
+    int64_t count, first_block, num_blocks;
+} swarm_step_prefix;
+
+typedef struct {
+    const float *cos, *sin;             /* [rows, head_dim] */
+    const int64_t *slots;               /* [rows]: the flat KV slot of each row's new token */
+    const int64_t *tables, *lengths;    /* each row's private tail: [rows, width] block ids, [rows] tokens */
+    const swarm_step_prefix *prefixes;  /* prefix_count of them; a row is in at most one */
+    int64_t rows, width, prefix_count;
+} swarm_decode_batch;
+
+typedef struct {   /* one step's buffers, carved from one allocation */
+    float *scratch, *q, *k, *v, *attended, *lse, *h, *gate, *up, *next;
+    float *prefix_q, *prefix_out, *prefix_lse, *tail_out, *tail_lse, *prefix_k, *prefix_v;
+} Buffers;
+
+static int64_t prefix_rows(const swarm_decode_batch *b) {
+    int64_t most = 0;
+    for (int64_t p = 0; p < b->prefix_count; p++) most = b->prefixes[p].count > most ? b->prefixes[p].count : most;
+    return most;
+}
+
+/* the floats a gathered copy of the largest scattered trunk needs, for K or V (0 where every one is in place) */
+static int64_t gathered_floats(const swarm_decode_batch *b, int64_t block_floats) {
+    int64_t most = 0;
+    for (int64_t p = 0; p < b->prefix_count; p++)
+        if (b->prefixes[p].blocks && b->prefixes[p].num_blocks * block_floats > most)
+            most = b->prefixes[p].num_blocks * block_floats;
+    return most;
+}
+
+static float *carve(float **next, int64_t floats) {
+    float *start = *next;
+    *next += floats;
+    return start;
+}
+
+static float *allocate(const swarm_decode_stack *s, const swarm_decode_batch *b, Buffers *f) {
+    const swarm_decode_layer *l = s->layers;
+    const int64_t rows = b->rows, hidden = l->hidden, q_width = l->heads * l->head_dim;
+    const int64_t kv_width = l->kv_heads * l->head_dim, inter = l->gate_up->N[0], shared = prefix_rows(b);
+    const int64_t gathered = gathered_floats(b, s->block_size * kv_width);
+    const int64_t total = rows * (4 * hidden + 2 * q_width + 2 * kv_width + l->heads + 2 * inter)
+                          + shared * (3 * q_width + 2 * l->heads) + 2 * gathered;
+    float *all = malloc(sizeof(float) * (size_t)(total + 1)), *next = all;
+    if (!all) return NULL;
+    f->scratch = carve(&next, rows * hidden), f->h = carve(&next, rows * hidden);
+    f->next = carve(&next, rows * hidden), f->q = carve(&next, rows * q_width);
+    f->attended = carve(&next, rows * q_width), f->k = carve(&next, rows * kv_width);
+    f->v = carve(&next, rows * kv_width), f->lse = carve(&next, rows * l->heads);
+    f->gate = carve(&next, rows * inter), f->up = carve(&next, rows * inter);
+    f->prefix_q = carve(&next, shared * q_width), f->prefix_out = carve(&next, shared * q_width);
+    f->tail_out = carve(&next, shared * q_width), f->prefix_lse = carve(&next, shared * l->heads);
+    f->tail_lse = carve(&next, shared * l->heads);
+    f->prefix_k = carve(&next, gathered), f->prefix_v = carve(&next, gathered);
+    return all;
+}
+
+/* the rows' new K and V into the layer's caches, at their slots (write_kv) */
+static void write_kv(float *k_cache, float *v_cache, const float *k, const float *v, const int64_t *slots,
+                     int64_t rows, int64_t kv_width) {
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(k_cache + slots[r] * kv_width, k + r * kv_width, sizeof(float) * (size_t)kv_width);
+        memcpy(v_cache + slots[r] * kv_width, v + r * kv_width, sizeof(float) * (size_t)kv_width);
+    }
+}
+
+/* a trunk's K or V, [num_blocks * block_size, kv_heads, head_dim]: in place, or its blocks copied into `into` */
+static const float *trunk_of(const float *cache, const swarm_step_prefix *p, int64_t block_floats, float *into) {
+    if (!p->blocks) return cache + p->first_block * block_floats;
+    for (int64_t i = 0; i < p->num_blocks; i++)
+        memcpy(into + i * block_floats, cache + p->blocks[i] * block_floats, sizeof(float) * (size_t)block_floats);
+    return into;
+}
+
+/* the rows of p read their trunk, and each one's attention so far (its private tail's) takes that in by
+   log-sum-exp, as CascadeBackend._last_tokens does */
+static int add_trunk(const swarm_decode_stack *s, const swarm_decode_layer *l, int64_t layer,
+                     const swarm_step_prefix *p, Buffers *f, int threads) {
+    const int64_t heads = l->heads, q_width = heads * l->head_dim, n = p->count;
+    const int64_t block_floats = s->block_size * l->kv_heads * l->head_dim;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(f->prefix_q + i * q_width, f->q + p->rows[i] * q_width, sizeof(float) * (size_t)q_width);
+        memcpy(f->tail_out + i * q_width, f->attended + p->rows[i] * q_width, sizeof(float) * (size_t)q_width);
+        memcpy(f->tail_lse + i * heads, f->lse + p->rows[i] * heads, sizeof(float) * (size_t)heads);
+    }
+    const float *k = trunk_of(s->k_caches[layer], p, block_floats, f->prefix_k);
+    const float *v = trunk_of(s->v_caches[layer], p, block_floats, f->prefix_v);
+    if (swarm_prefix_attention(f->prefix_q, n, heads, l->kv_heads, l->head_dim, k, v, p->num_blocks * s->block_size,
+                               s->scale, f->prefix_out, f->prefix_lse, threads))
+        return -1;
+    for (int64_t i = 0; i < n; i++)   /* rows that do not share the trunk take none of it */
+        if (p->members && !p->members[i])
+            for (int64_t h = 0; h < heads; h++) f->prefix_lse[i * heads + h] = -INFINITY;
+    swarm_merge_attention(f->prefix_out, f->prefix_lse, f->tail_out, f->tail_lse, n * heads, l->head_dim,
+                          f->prefix_out, f->prefix_lse);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(f->attended + p->rows[i] * q_width, f->prefix_out + i * q_width, sizeof(float) * (size_t)q_width);
+    return 0;
+}
+
+/* one layer: x [rows, hidden] -> f->next; its new K and V written */
+static int layer_step(const swarm_decode_stack *s, int64_t layer, const swarm_decode_batch *b, const float *x,
+                      Buffers *f, int threads) {
+    const swarm_decode_layer *l = s->layers + layer;
+    const int64_t rows = b->rows, kv_width = l->kv_heads * l->head_dim;
+    if (swarm_decode_attention_in(l, x, rows, b->cos, b->sin, f->scratch, f->q, f->k, f->v, threads)) return -1;
+    write_kv(s->k_caches[layer], s->v_caches[layer], f->k, f->v, b->slots, rows, kv_width);
+    if (swarm_paged_decode(f->q, rows, l->heads, l->kv_heads, l->head_dim, s->k_caches[layer], s->v_caches[layer],
+                           s->block_size, b->tables, b->width, b->lengths, s->scale, f->attended, f->lse, threads))
+        return -1;
+    for (int64_t p = 0; p < b->prefix_count; p++)
+        if (add_trunk(s, l, layer, b->prefixes + p, f, threads)) return -1;
+    swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads);
+    silu_mul_run(f->gate, f->up, rows * l->gate_up->N[0], f->gate);
+    swarm_decode_mlp_out(l, f->h, f->gate, rows, f->next, threads);
+    return 0;
+}
+
+/* x [rows, hidden]: the step's embedded tokens in, the last layer's output out. Returns -1 (x then undefined)
+   when memory runs out or a layer's heads are wider than MAX_HEAD_DIM. */
+int swarm_decode_stack_run(const swarm_decode_stack *s, const swarm_decode_batch *b, float *x, int threads) {
+    Buffers f;
+    float *all = allocate(s, b, &f);
+    if (!all) return -1;
+    const size_t bytes = sizeof(float) * (size_t)(b->rows * s->layers->hidden);
+    int failed = 0;
+    for (int64_t layer = 0; layer < s->count && !failed; layer++) {
+        failed = layer_step(s, layer, b, x, &f, threads);
+        memcpy(x, f.next, bytes);
+    }
+    free(all);
+    return failed ? -1 : 0;
+}

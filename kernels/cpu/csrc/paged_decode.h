@@ -1,0 +1,9 @@
+/* What paged_decode.c exports to decode_stack.c. */
+#pragma once
+#include <stdint.h>
+
+/* q: [batch, heads, dim]; k_cache, v_cache: [blocks, block_size, kv_heads, dim]; tables: [batch, width] block ids;
+ * lengths: [batch]; out: [batch, heads, dim]; lse: [batch, heads]. Returns -1 when scratch memory runs out. */
+int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                       const float *k_cache, const float *v_cache, int64_t block_size, const int64_t *tables,
+                       int64_t width, const int64_t *lengths, float scale, float *out, float *lse, int threads);

@@ -1,0 +1,13 @@
+/* What prefix_attention.c exports to decode_stack.c. */
+#pragma once
+#include <stdint.h>
+
+/* q: [batch, heads, dim]; k, v: [keys, kv_heads, dim]; out: [batch, heads, dim]; lse: [batch, heads].
+ * Returns -1 when scratch memory runs out. */
+int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                           const float *k, const float *v, int64_t keys, float scale, float *out, float *lse,
+                           int threads);
+
+/* Two softmax pieces over disjoint keys combined: out, lse [pieces] from a and b ([pieces, dim], [pieces]). */
+void swarm_merge_attention(const float *a, const float *lse_a, const float *b, const float *lse_b, int64_t pieces,
+                           int64_t dim, float *out, float *lse);
