@@ -103,15 +103,14 @@ class StackCache:
         self._key: tuple | None = None
         self._stack: DecodeStack | None = None
 
-    def stack(self, kernels: list[DecodeLayer | None], layer_indices: list[int],
-              attention: AttentionBackend) -> DecodeStack | None:
-        if not (_stacked and isinstance(attention, CascadeBackend) and attention.kernels is NATIVE_KERNELS
-                and all(kernel is not None for kernel in kernels) and DecodeStack.available()):
+    def stack(self, layers: list[nn.Module], attention: AttentionBackend) -> DecodeStack | None:
+        """layers: the model's DecoderLayers, in order."""
+        if not (_stacked and isinstance(attention, CascadeBackend) and attention.kernels is NATIVE_KERNELS):
             return None
-        caches = [attention.kv.layers[i] for i in layer_indices]
+        caches = [attention.kv.layers[layer.self_attn.layer_index] for layer in layers]
         key = (id(attention), tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
         if key != self._key:
-            self._stack = _stack_or_none(kernels, caches, attention.scale)
+            self._stack = _stack_or_none([layer.decode_kernel() for layer in layers], caches, attention.scale)
             self._key = key
         return self._stack
 
@@ -141,8 +140,9 @@ def _trunks(plan: DecodePlan) -> list[Trunk]:
     return trunks
 
 
-def _stack_or_none(kernels, caches, scale: float) -> DecodeStack | None:
-    if not all(_float32_on_cpu(k) and _float32_on_cpu(v) for k, v in caches):
+def _stack_or_none(kernels: list[DecodeLayer | None], caches, scale: float) -> DecodeStack | None:
+    if not (DecodeStack.available() and all(kernel is not None for kernel in kernels)
+            and all(_float32_on_cpu(k) and _float32_on_cpu(v) for k, v in caches)):
         return None
     return DecodeStack(kernels, caches, scale)
 

@@ -240,9 +240,7 @@ class CausalLM(nn.Module):
         run one by one. Only a plain stack of DecoderLayers takes it: a subclass's layers compute other things."""
         if batch.is_prefill or any(type(layer) is not DecoderLayer for layer in self.model.layers):
             return None
-        layers = self.model.layers
-        stack = self._decode_stack.stack([layer.decode_kernel() for layer in layers],
-                                         [layer.self_attn.layer_index for layer in layers], attention)
+        stack = self._decode_stack.stack(list(self.model.layers), attention)
         return None if stack is None else fused_decode.stack_step(stack, x, rotary, batch)
 
     def compute_logits(self, hidden: torch.Tensor, split: int | None = None) -> torch.Tensor:
