@@ -1,6 +1,6 @@
 """kernels/cpu/csrc/task_pool.c, the decode kernels' threads, driven through ctypes with Python tasks: every task
-runs once, on the slots asked for, on the pool's threads as well as the caller's, from several callers at once,
-from inside a task, and in a forked child."""
+runs once, on the slots asked for, on the pool's threads as well as the caller's, the caller's from the front and
+the others' from the back, from several callers at once, from inside a task, and in a forked child."""
 import ctypes
 import subprocess
 import sys
@@ -51,6 +51,17 @@ def test_the_pools_threads_take_tasks_while_the_caller_is_busy(pool):
     """Task 0 holds its thread until a later task has run: only another thread can run one meanwhile."""
     calls = run(pool, 16, 2, holding_task_0(threading.Event()))
     assert len({slot for _, slot in calls}) == 2
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_the_caller_takes_tasks_from_the_front_and_the_pools_threads_from_the_back(pool, threads):
+    """Each end in order, so that each thread reads one stretch of a weight; whoever is faster takes more."""
+    for _ in range(20):
+        calls = run(pool, 300, threads, holding_task_0(threading.Event()))
+        front = sorted(index for index, slot in calls if slot == 0)
+        back = sorted((index for index, slot in calls if slot != 0), reverse=True)
+        assert front == list(range(len(front))) and back == list(range(299, 299 - len(back), -1))
+        assert len(front) + len(back) == 300 and back
 
 
 def holding_task_0(later_task_ran: threading.Event):
