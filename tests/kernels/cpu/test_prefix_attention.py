@@ -30,6 +30,22 @@ def test_matches_the_oracle(shape):
     torch.testing.assert_close(got[1], expected[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("keys", [2048, 700])
+def test_the_bits_do_not_depend_on_the_threads_or_how_the_chunks_are_split_among_them(keys):
+    """With chunks to spare a task takes every KV head of a chunk, else one head of one: the same sums."""
+    q, k, v = inputs(8, 9, 3, 64, keys, seed=3)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2, 3, 8):
+            torch.set_num_threads(threads)
+            runs.append(native_attention.prefix_attention(q, k, v, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+
+
 def test_peaked_scores_underflow_to_zero_weights_not_nan():
     q, k, v = inputs(4, 6, 2, 64, 600, seed=1, spread=30.0)
     got = native_attention.prefix_attention(q, k, v, 0.125)
