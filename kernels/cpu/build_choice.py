@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -43,11 +44,12 @@ def extra_flags(name: str, cpu_flags: str, build: Callable[[tuple[str, ...]], Pa
     if wide is None:
         return ()
     path = choice_file(wide.parent)
-    choices = _read(path)
-    if wide.name not in choices:
-        narrow = build(NARROWER)
-        choices[wide.name] = {"build": "native"} if narrow is None else measured_choice(wide, narrow)
-        _write(path, choices)
+    with _one_process_at_a_time(path):   # two processes measuring at once could each choose a different build
+        choices = _read(path)
+        if wide.name not in choices:
+            narrow = build(NARROWER)
+            choices[wide.name] = {"build": "native"} if narrow is None else measured_choice(wide, narrow)
+            _write(path, choices)
     return NARROWER if choices[wide.name].get("build") == "avx2" else ()
 
 
@@ -90,6 +92,22 @@ def _q4_1_blocks(generator: torch.Generator) -> torch.Tensor:
 
 def _declared(path: Path) -> ctypes.CDLL:
     return declare(ctypes.CDLL(str(path)), SIGNATURES["quant_matmul"])
+
+
+@contextmanager
+def _one_process_at_a_time(path: Path):
+    """An exclusive lock on a file beside path while inside: a process that finds no choice measures while the
+    others wait, and they then read its choice. Without the lock (no fcntl, a folder it cannot write), inside
+    anyway."""
+    try:
+        import fcntl
+        handle = open(path.with_suffix(".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _read(path: Path) -> dict[str, dict]:

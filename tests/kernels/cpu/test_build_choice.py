@@ -2,6 +2,9 @@
 faster here, the choice stored once per machine and build; elsewhere, and for every other kernel, the native
 build. (That both builds give the same bits: tests/kernels/cpu/test_quant_matmul.py.)"""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,7 @@ from kernels.cpu import build_choice, native
 AVX512 = "avx512f" in native._cpu_flags().split()
 needs_avx512 = pytest.mark.skipif(not AVX512, reason="this CPU has no AVX-512: there is one build")
 pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C compiler for the kernels")
+ROOT = Path(__file__).parents[3]
 
 
 def test_other_kernels_take_the_native_build():
@@ -41,6 +45,28 @@ def test_a_stored_choice_is_taken_without_measuring_again(tmp_path, monkeypatch,
     monkeypatch.setattr(build_choice, "choice_file", lambda folder: choice_file)
     monkeypatch.setattr(build_choice, "measured_choice", lambda *builds: pytest.fail("measured again"))
     assert native.chosen_flags("quant_matmul") == flags
+
+
+@needs_avx512
+def test_processes_that_find_no_choice_at_once_all_take_the_choice_of_the_one_that_measured(tmp_path):
+    """Each process here would measure a different winner, slowly: the second to look waits for the first's."""
+    script = f"""
+import json, sys, time
+from pathlib import Path
+import engine
+from kernels.cpu import build_choice, native
+build_choice.choice_file = lambda folder: Path({str(tmp_path / "build-choice.json")!r})
+def measured_choice(wide, narrow):
+    time.sleep(1.0)
+    return {{"build": sys.argv[1]}}
+build_choice.measured_choice = measured_choice
+print(json.dumps(native.chosen_flags("quant_matmul")))
+"""
+    native.library_path("quant_matmul", ()), native.library_path("quant_matmul", build_choice.NARROWER)   # built
+    runs = [subprocess.Popen([sys.executable, "-c", script, build], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            for build in ("avx2", "native")]
+    flags = [json.loads(run.communicate(timeout=300)[0].splitlines()[-1]) for run in runs]
+    assert flags[0] == flags[1]
 
 
 @pytest.mark.parametrize("native_s,avx2_s,chosen", [(1.0, 0.94, "avx2"), (1.0, 0.96, "native"),
