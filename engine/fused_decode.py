@@ -74,9 +74,12 @@ def kernel_for(layer: nn.Module) -> DecodeLayer | None:
 def takes(kernel: DecodeLayer, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> bool:
     """Whether this step's rows take the C calls: a few float32 CPU rows, the rotary over whole heads, and torch
     not watching (compiling, tracing, profiling: it sees the ops instead)."""
-    cos = rotary[0]
+    return _rows_take_c(x, rotary[0], kernel.head_dim)
+
+
+def _rows_take_c(x: torch.Tensor, cos: torch.Tensor, head_dim: int) -> bool:
     return (_enabled and x.dtype == torch.float32 and x.is_cpu and x.dim() == 2 and x.shape[0] <= MAX_ROWS
-            and cos.shape[-1] == kernel.head_dim and not ops.torch_is_watching())
+            and cos.shape[-1] == head_dim and not ops.torch_is_watching())
 
 
 def layer_step(layer: nn.Module, kernel: DecodeLayer, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
@@ -121,9 +124,7 @@ def stack_step(stack: DecodeStack, x: torch.Tensor, rotary: tuple[torch.Tensor, 
     where the step is not one the stack takes."""
     cos, sin = rotary
     plan = batch.plan.decode if batch.plan is not None else None
-    if (batch.is_prefill or plan is None or not (_enabled and x.dtype == torch.float32 and x.is_cpu and x.dim() == 2
-                                                 and 0 < x.shape[0] <= MAX_ROWS and cos.shape[-1] == stack.head_dim
-                                                 and not ops.torch_is_watching())):
+    if batch.is_prefill or plan is None or not (_rows_take_c(x, cos, stack.head_dim) and x.shape[0]):
         return None
     return stack.run(x.contiguous(), cos.contiguous(), sin.contiguous(), batch.slot_mapping.contiguous(),
                      plan.private_tables.contiguous(), plan.private_lens.contiguous(), _trunks(plan))

@@ -139,8 +139,11 @@ def _check(layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Ten
 
 
 def _expect_within(name: str, indices: torch.Tensor, end: int) -> None:
-    if indices.numel() and not (0 <= int(indices.min()) and int(indices.max()) < end):
-        raise refusal(OP, name, f"must lie in [0, {end}), got [{int(indices.min())}, {int(indices.max())}]")
+    if not indices.numel():
+        return
+    low, high = (int(bound) for bound in torch.aminmax(indices))
+    if not (0 <= low and high < end):
+        raise refusal(OP, name, f"must lie in [0, {end}), got [{low}, {high}]")
 
 
 def _pointer_or_null(tensor: torch.Tensor | None) -> int | None:
