@@ -190,10 +190,12 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
-        precision of prompts' products, whether decode steps replay as graphs, and on a hybrid the gated delta
-        rule's kernels (torch or fla)."""
-        chosen = {"attention": self.runner.attention.name, "weights": self.weights.to_json(),
+        precision of prompts' products and of their attention's, whether decode steps replay as graphs, and on a
+        hybrid the gated delta rule's kernels (torch or fla)."""
+        attention = self.runner.attention
+        chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
+                  "prompt_attention": attention.prompt_attention(self.prompt_precision),
                   "decode_graphs": self.runner.graphs_state()}
         if self.delta_rule is not None:
             chosen["delta_rule"] = self.delta_rule

@@ -61,6 +61,10 @@ class AttentionBackend(Protocol):
     def use_cascade(self, on: bool) -> None:
         """Shared prefixes read once for the rows that share them, or not at all, from the next plan."""
 
+    def prompt_attention(self, step_precision: str) -> str:
+        """The precision of prompt rows' attention products in steps whose matmuls take `step_precision`
+        (engine.prompt_matmul): "bfloat16" or "float32"."""
+
     def plan(self, batch: AttentionBatch) -> None:
         """Once a step, before the model runs: the cascade split of `batch` (shared prefixes and private
         tables for the last-token queries, prefill groups over a cached trunk), stored on `batch.plan`."""

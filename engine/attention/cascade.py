@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from engine import prompt_matmul
 from engine.attention.base import AttentionBatch
 from engine.attention.kernel_sets import AttentionKernels
 from engine.attention.plan import MIN_PREFIX_TOKENS, DecodePlan, SharedPrefix, StepPlan, plan_decode, plan_prefill
 from engine.kv.cache import KVCache
+from kernels.cpu import native_attention
 
 
 class CascadeBackend:
@@ -80,13 +82,26 @@ class CascadeBackend:
 
     def _prefill(self, q, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
         """The prompt chunks' rows: those after the decode rows."""
-        plan, rows_attention, d = batch.plan, self.kernels.prefill_rows, batch.num_decode
+        plan, rows_attention, d = batch.plan, self._rows_kernel(), batch.num_decode
         context_lens, query_lens = batch.context_lens[d:], batch.query_lens[d:]
         if plan.prefill_groups:
             return self.kernels.cascade_prefill(q, k_cache, v_cache, plan.block_tables, context_lens, query_lens,
                                                 plan.prefill_groups, self.scale, prefix_kv, rows_attention)
         return self.kernels.prefill(q, k_cache, v_cache, plan.block_tables, context_lens, query_lens, self.scale,
                                     rows_attention)
+
+    def prompt_attention(self, step_precision: str) -> str:
+        bf16 = (step_precision != "float32" and self.kernels.prefill_rows_bf16 is not None
+                and native_attention.bf16_products_native())
+        return "bfloat16" if bf16 else "float32"
+
+    def _rows_kernel(self):
+        """The prompt rows' kernel in the step's precision (engine.prompt_matmul): bfloat16 products where the
+        step's matmuls take them and the set has such a kernel."""
+        kernels = self.kernels
+        if kernels.prefill_rows_bf16 is not None and prompt_matmul.bfloat16_now():
+            return kernels.prefill_rows_bf16
+        return kernels.prefill_rows
 
 
 def prefix_kv(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:

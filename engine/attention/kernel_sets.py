@@ -22,7 +22,8 @@ class AttentionKernels:
     merge_attention: Callable
     prefill: Callable = paged_attention.prefill_attention   # every new token, causal over its paged context
     cascade_prefill: Callable | None = None   # prompts continuing one cached trunk read it together; None: not
-    prefill_rows: Callable | None = None   # the CPU prefills' rows kernel (native_attention.rows_attention); None: SDPA
+    prefill_rows: Callable | None = None   # the CPU prefills' rows kernel (native_attention.RowsKernel); None: SDPA
+    prefill_rows_bf16: Callable | None = None   # the same in bfloat16 products, for steps in bfloat16; None: none
 
 
 REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
@@ -33,7 +34,8 @@ SDPA_KERNELS = AttentionKernels("sdpa", paged_attention.write_kv, sdpa_attention
 NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
                                   native_attention.prefix_attention, native_attention.merge_attention,
                                   cascade_prefill=cascade_prefill.prefill_attention,
-                                  prefill_rows=native_attention.rows_attention)
+                                  prefill_rows=native_attention.RowsKernel(),
+                                  prefill_rows_bf16=native_attention.RowsKernel(bf16=True))
 
 
 def triton_kernels() -> AttentionKernels:

@@ -260,16 +260,39 @@ def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tup
     return outputs
 
 
-def rows_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float,
-                   causal: bool) -> tuple[Tensor, Tensor]:
+def rows_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool,
+                   bf16: bool = False, carry: Tensor | None = None) -> tuple[Tensor, Tensor]:
     out, lse = rows_attention_outputs(q, k, v, causal)
+    expect_optional("rows_attention", "carry", carry, running_shape(q))
+    _call_rows_attention(lib, q, k, v, scale, causal, bf16, out.data_ptr(), lse.data_ptr(),
+                         None if carry is None else carry.data_ptr(), None)
+    return out, lse
+
+
+def running_shape(q: Tensor) -> tuple[int, int, int]:
+    """Each query row's running state over a span of keys: (max, sum, unnormalised output [dim])."""
+    return q.shape[0], q.shape[1], q.shape[2] + 2
+
+
+def rows_attention_running_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    _rows_outputs("rows_attention_running", q, k, v)
+    return q.new_empty(running_shape(q))
+
+
+def rows_attention_running(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                           bf16: bool = False) -> Tensor:
+    running = rows_attention_running_outputs(q, k, v)
+    _call_rows_attention(lib, q, k, v, scale, False, bf16, None, None, None, running.data_ptr())
+    return running
+
+
+def _call_rows_attention(lib, q, k, v, scale, causal, bf16, out, lse, carry_in, carry_out) -> None:
     tokens, heads, dim = q.shape
     failed = lib.swarm_rows_attention(q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
-                                      k.shape[0], int(causal), scale, out.data_ptr(), lse.data_ptr(),
+                                      k.shape[0], int(causal), int(bf16), scale, out, lse, carry_in, carry_out,
                                       torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its scratch memory")
-    return out, lse
 
 
 def merge_attention_outputs(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:

@@ -4,12 +4,15 @@
 - the shared-prefix half scores every row that shares the trunk against it in register tiles,
   spread over the threads by chunks of keys (kernels/cpu/csrc/prefix_attention.c).
 See `swarm bench-decode`. Other dtypes and shapes go to the SDPA path (kernels.cpu.sdpa_attention).
-The C functions run as the ops swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
-swarm::merge_attention (kernels.cpu.ops).
+Prompt rows run through csrc/rows_attention.c (RowsKernel). The C functions run as the ops swarm::paged_decode,
+swarm::prefix_attention, swarm::rows_attention, swarm::rows_attention_running and swarm::merge_attention
+(kernels.cpu.ops).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -37,15 +40,65 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
-                   library: ctypes.CDLL | None = None):
+                   library: ctypes.CDLL | None = None, bf16: bool = False):
     """Prefill rows q [tokens, heads, dim] over one span of keys k, v [keys, kv_heads, dim]
     -> out (float32) [tokens, heads, dim], lse [tokens, heads]. causal: the tokens are the span's
     last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
+    bf16: both products in bfloat16 summed in float32 (csrc/rows_attention.c), the rest float32.
     float32 CPU tensors only, others go to the SDPA path. library: tests pass other builds."""
     if not (_takes_c(q, k, v) and len(k) >= len(q) * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
-    return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, library=library)
+    return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, bf16, library=library)
+
+
+@dataclass(frozen=True, slots=True)
+class RowsKernel:
+    """The C kernel for prompt rows in one precision of products (bf16: bfloat16 where this build multiplies them
+    natively, float32 elsewhere). Called, rows_attention's contract. A prompt's keys split at a multiple of
+    chunk_keys() give each row the same bits in two calls as in one: `running` over the keys before the split,
+    every row seeing all of them, then `continued` from there (csrc/rows_attention.c's running states)."""
+
+    bf16: bool = False
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):
+        return rows_attention(q, k, v, scale, causal, bf16=self._bf16())
+
+    def splits(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Whether `running` and `continued` take these rows over these caches' keys."""
+        return _takes_c(q, k_cache, v_cache)
+
+    def running(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Each row's running state over all of k, v: [tokens, heads, dim + 2]."""
+        return ops.rows_attention_running(q.contiguous(), k.contiguous(), v.contiguous(), scale, self._bf16())
+
+    def continued(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, running: torch.Tensor):
+        """out, lse of the rows q, the span's last ones, causal over the keys before (their `running` states)
+        and k, v."""
+        return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, True, self._bf16(),
+                                  running.contiguous())
+
+    def _bf16(self) -> bool:
+        return self.bf16 and bf16_products_native()
+
+
+@functools.cache
+def chunk_keys() -> int:
+    """The keys of one chunk of rows_attention's: a split at a multiple of it keeps a row's bits."""
+    return entry_points.library("rows_attention").swarm_rows_attention_chunk()
+
+
+def rows_attention_bf16_native(library: ctypes.CDLL | None = None) -> bool:
+    """Whether rows_attention's bfloat16 products run on AVX512-BF16 in this build (library: another build)."""
+    library = library or entry_points.library("rows_attention")
+    return library is not None and library.swarm_rows_attention_bf16_native() == 1
+
+
+@functools.cache
+def bf16_products_native() -> bool:
+    """Whether RowsKernel(bf16=True) multiplies in bfloat16 in this process: where the plain-C products would
+    cost more than they save, it stays float32."""
+    return rows_attention_bf16_native()
 
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,10 +1,11 @@
 """The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::silu_mul, swarm::quant_matmul,
 swarm::quant_matmul_many, swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight,
-swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention and
-swarm::merge_attention, each taking and returning tensors (torch.library.custom_op; quant_dequantize and the
-bf16 packs and matmul write into their `out`). Their arguments are checked at the boundary
-(kernels.cpu.entry_points), the profiler lists them, and each has a fake implementation giving outputs of the
-right shape and dtype, so torch.compile and graph capture treat them as opaque ops.
+swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention,
+swarm::rows_attention_running and swarm::merge_attention, each taking and returning tensors
+(torch.library.custom_op; quant_dequantize and the bf16 packs and matmul write into their `out`). Their
+arguments are checked at the boundary (kernels.cpu.entry_points), the profiler lists them, and each has a fake
+implementation giving outputs of the right shape and dtype, so torch.compile and graph capture treat them as
+opaque ops.
 
     kernels.cpu.fused_ops, quant_matmul, native_attention   (pick the C kernel or PyTorch)
             │ ops.<name>(tensors..., library=None)
@@ -133,8 +134,14 @@ def _prefix_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Te
 
 
 @custom_op("swarm::rows_attention", mutates_args=())
-def _rows_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> tuple[Tensor, Tensor]:
-    return entry_points.rows_attention(built("rows_attention"), q, k, v, scale, causal)
+def _rows_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, bf16: bool = False,
+                    carry: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return entry_points.rows_attention(built("rows_attention"), q, k, v, scale, causal, bf16, carry)
+
+
+@custom_op("swarm::rows_attention_running", mutates_args=())
+def _rows_attention_running(q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False) -> Tensor:
+    return entry_points.rows_attention_running(built("rows_attention"), q, k, v, scale, bf16)
 
 
 @custom_op("swarm::merge_attention", mutates_args=())
@@ -155,7 +162,10 @@ _bf16_matmul.register_fake(entry_points.bf16_matmul_outputs)
 _paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale:
                             entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
-_rows_attention.register_fake(lambda q, k, v, scale, causal: entry_points.rows_attention_outputs(q, k, v, causal))
+_rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None:
+                              entry_points.rows_attention_outputs(q, k, v, causal))
+_rows_attention_running.register_fake(lambda q, k, v, scale, bf16=False:
+                                      entry_points.rows_attention_running_outputs(q, k, v))
 _merge_attention.register_fake(entry_points.merge_attention_outputs)
 
 rms_norm = Kernel(_rms_norm, entry_points.rms_norm, "fused_ops")
@@ -171,4 +181,5 @@ bf16_matmul = Kernel(_bf16_matmul, entry_points.bf16_matmul, "bf16_matmul")
 paged_decode = Kernel(_paged_decode, entry_points.paged_decode, "paged_decode")
 prefix_attention = Kernel(_prefix_attention, entry_points.prefix_attention, "prefix_attention")
 rows_attention = Kernel(_rows_attention, entry_points.rows_attention, "rows_attention")
+rows_attention_running = Kernel(_rows_attention_running, entry_points.rows_attention_running, "rows_attention")
 merge_attention = Kernel(_merge_attention, entry_points.merge_attention, "prefix_attention")

@@ -137,22 +137,28 @@ def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_
 
 
 @pytest.mark.skipif(not bf16_matmul.available(), reason="no C compiler for the kernels")
-def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("trunk_tokens", [77, 300])   # inside a block of 16; past a chunk of the prompt attention
+def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(trunk_tokens, tiny_model_dir,
+                                                                                 monkeypatch):
     """On any CPU (the plain build where there is no AVX512-BF16): the engine told to take the kernel's precision,
-    as auto does where the probe timed it fastest."""
+    as auto does where the probe timed it fastest. Its prompts' attention takes bfloat16 products too where they
+    are native."""
     import random
 
     from engine import LLM, SamplingParams
+    from kernels.cpu import native_attention
 
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: KERNEL)
     folder = str(tiny_model_dir("llama"))
     draw = random.Random(0)
-    trunk = [draw.randrange(4, 300) for _ in range(77)]   # ends inside a block of 16
+    trunk = [draw.randrange(4, 300) for _ in range(trunk_tokens)]
     prompts = [trunk + [10 + i] + [draw.randrange(4, 300) for _ in range(6)] for i in range(8)]
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     shared = LLM(folder, weights="q4_1", kv_budget_tokens=4096)
     unshared = LLM(folder, weights="q4_1", kv_budget_tokens=4096, enable_prefix_caching=False)
     assert shared.engine.kernels()["prompt_products"] == KERNEL
+    attention = "bfloat16" if native_attention.bf16_products_native() else "float32"
+    assert shared.engine.kernels()["prompt_attention"] == attention
     together = [o.token_ids for o in shared.generate(prompts, params)]
     assert together == [o.token_ids for o in unshared.generate(prompts, params)]
     assert together == [unshared.generate([p], params)[0].token_ids for p in prompts]

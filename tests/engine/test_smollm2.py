@@ -50,6 +50,7 @@ def test_sharing_changes_no_output_in_the_prompt_precision_auto_picks_here():
         pytest.skip("auto keeps prompts float32 on this machine: the float32 test covers it")
     unshared = LLM(DEFAULT_MODEL, kv_budget_tokens=8192, enable_prefix_caching=False)
     assert unshared.engine.kernels()["prompt_products"] == precision
+    assert unshared.engine.kernels()["prompt_attention"] == shared.engine.kernels()["prompt_attention"]
     assert_sharing_changes_no_output(shared, unshared, max_tokens=12, alone=3)
 
 

@@ -10,6 +10,13 @@
  * with the tiles of kernels/cpu/csrc/attention_tiles.h. Chunks wholly past a block are never computed,
  * so a causal prompt costs about half its square. A row's result depends on its own query and
  * position only, never on the other rows it is batched with.
+ *
+ * In bfloat16 (`bf16`), both products take their operands (q, k, v, and the weights P) rounded to bfloat16,
+ * multiplied pair by pair and summed in float32 as vdpbf16ps does (csrc/bf16_tiles.h: twice float32's rate on
+ * AVX512-BF16); scores, softmax, sums and outputs stay float32. The span's keys and values are laid out for the
+ * instruction once a call. The second product runs transposed, O_c^T = V_c^T P^T, so a task's partials are kept
+ * a row of `cols` per quantity ([dim + 2][cols]). Without AVX512-BF16 the products run in plain C, with the
+ * same bits (swarm_rows_attention_bf16_native says which build this is; the portable build's exp is libm's).
  * Built by kernels/cpu/native.py; called through ctypes from kernels/cpu/native_attention.py.
  */
 #include <math.h>
@@ -18,6 +25,7 @@
 #include <string.h>
 
 #include "attention_tiles.h"
+#include "bf16_tiles.h"
 
 #define CHUNK 256          /* keys */
 #define BLOCK_ROWS 96      /* rows a task, at most: its scores, 96 KB, stay in the L2 cache */
@@ -28,7 +36,16 @@ typedef struct {
     int causal;
     int64_t block_tokens;      /* tokens a block */
     int64_t stride;            /* floats from one key's row to the next's */
+    const float *carry_in;     /* or NULL: each row's running state over keys before the span, continued here */
+    float *carry_out;          /* or NULL: each row's running state after the span goes here, not out and lse */
 } Problem;
+
+/* A row's running state (max, sum, unnormalised output [dim]): [tokens][heads][dim + 2] in carry_in and carry_out.
+   Continuing a state folds the span's chunks into it as a span starting at the state's last key would: split at
+   a multiple of CHUNK, a prompt's attention gets the same bits in two calls as in one. */
+static inline int64_t head_of(const Problem *p, int64_t h, int64_t token0, int64_t r) {
+    return (token0 + r / p->groups) * p->heads + h * p->groups + r % p->groups;
+}
 
 typedef struct {
     float *qt, *st, *sums, *partial, *running;
@@ -73,9 +90,12 @@ static void block_attention(const float *q, const float *k, const float *v, cons
     const int64_t rows = tokens * p->groups, cols = (rows + 7) / 8 * 8, dim = p->dim;
     memset(w.qt, 0, sizeof(float) * (size_t)(dim * cols));
     for (int64_t r = 0; r < rows; r++) {
-        const float *query = q + ((token0 + r / p->groups) * p->heads + h * p->groups + r % p->groups) * dim;
+        const float *query = q + head_of(p, h, token0, r) * dim;
         for (int64_t d = 0; d < dim; d++) w.qt[d * cols + r] = query[d];
     }
+    for (int64_t r = 0; p->carry_in && r < rows; r++)
+        memcpy(w.running + r * (dim + 2), p->carry_in + head_of(p, h, token0, r) * (dim + 2),
+               sizeof(float) * (size_t)(dim + 2));
     const int64_t last_position = p->causal ? p->first_position + token0 + tokens - 1 : p->keys - 1;
     const int64_t first_unmasked = p->causal ? p->first_position + token0 : p->keys;
     for (int64_t first = 0; first <= last_position; first += CHUNK) {
@@ -87,34 +107,197 @@ static void block_attention(const float *q, const float *k, const float *v, cons
         softmax_columns(w.st, n, cols, w.sums, w.sums + cols);
         if (masked) mask(w.st, n, cols, first, p, token0, rows, 0.0f);
         chunk_partial(w.st, w.sums, vc, p->stride, rows, cols, n, dim, w.partial);
-        fold(w.running, w.partial, rows, dim, first == 0);
+        fold(w.running, w.partial, rows, dim, first == 0 && !p->carry_in);
     }
     for (int64_t r = 0; r < rows; r++) {
         const float *run = w.running + r * (dim + 2);
-        const int64_t head = (token0 + r / p->groups) * p->heads + h * p->groups + r % p->groups;
+        const int64_t head = head_of(p, h, token0, r);
+        if (p->carry_out) {
+            memcpy(p->carry_out + head * (dim + 2), run, sizeof(float) * (size_t)(dim + 2));
+            continue;
+        }
         for (int64_t d = 0; d < dim; d++) out[head * dim + d] = run[2 + d] / run[1];
         lse[head] = run[0] + logf(run[1]);
     }
 }
 
+/* The span's keys and values as the bfloat16 products read them, per KV head:
+ *     keys    [kv_heads][keys][dim / 2]         key t's pairs of dims
+ *     values  [kv_heads][chunks][dim][CHUNK / 2] dim d's pairs of consecutive keys of a chunk (0 past the span) */
+typedef struct {
+    uint32_t *keys, *values;
+    int64_t chunks;
+} Packed;
+
+static void pack_values(const float *v, const Problem *p, int64_t h, int64_t chunk, uint32_t *out) {
+    const int64_t pairs = CHUNK / 2, dim = p->dim;
+    for (int64_t j = 0; j < pairs; j++) {
+        const int64_t t = chunk * CHUNK + 2 * j;
+        const float *low = t < p->keys ? v + t * p->stride + h * dim : NULL;
+        const float *high = t + 1 < p->keys ? low + p->stride : NULL;
+        for (int64_t d = 0; d < dim; d++)
+            out[d * pairs + j] = bf16_pair(low ? low[d] : 0.0f, high ? high[d] : 0.0f);
+    }
+}
+
+static int pack_span(const float *k, const float *v, const Problem *p, Packed *packed, int threads) {
+    const int64_t half = p->dim / 2;
+    packed->chunks = (p->keys + CHUNK - 1) / CHUNK;
+    packed->keys = malloc(sizeof(uint32_t) * (size_t)(p->kv_heads * p->keys * half));
+    packed->values = malloc(sizeof(uint32_t) * (size_t)(p->kv_heads * packed->chunks * p->dim * (CHUNK / 2)));
+    if (!packed->keys || !packed->values) return -1;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t task = 0; task < p->kv_heads * packed->chunks; task++) {
+        const int64_t h = task / packed->chunks, chunk = task % packed->chunks;
+        const int64_t stop = (chunk + 1) * CHUNK < p->keys ? (chunk + 1) * CHUNK : p->keys;
+        for (int64_t t = chunk * CHUNK; t < stop; t++)
+            bf16_pairs_of_row(k + t * p->stride + h * p->dim, p->dim, packed->keys + (h * p->keys + t) * half);
+        pack_values(v, p, h, chunk, packed->values + (h * packed->chunks + chunk) * p->dim * (CHUNK / 2));
+    }
+    return 0;
+}
+
+/* P^T's pairs of consecutive keys for the second product: word (j, r) at j * cols + r; 0 past n keys */
+static void pack_weights(const float *st, int64_t n, int64_t cols, uint32_t *out) {
+    for (int64_t j = 0; 2 * j < n; j++) {
+        const float *low = st + 2 * j * cols, *high = 2 * j + 1 < n ? low + cols : NULL;
+        int64_t r = 0;
+#if defined(__AVX512BF16__)
+        for (; r + 16 <= cols; r += 16) {
+            const __m512i lows = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(low + r)));
+            const __m512i highs = high ? _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(high + r))), 16)
+                                       : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + j * cols + r, _mm512_or_si512(lows, highs));
+        }
+#endif
+        for (; r < cols; r++) out[j * cols + r] = bf16_pair(low[r], high ? high[r] : 0.0f);
+    }
+}
+
+/* fold() for partials kept a row of `cols` per quantity: [max][sum][dim outputs] */
+static void fold_columns(float *running, const float *partial, int64_t cols, int64_t dim, float *weights,
+                         int first) {
+    if (first) {
+        memcpy(running, partial, sizeof(float) * (size_t)((dim + 2) * cols));
+        return;
+    }
+    float *a = weights, *b = weights + cols;
+    for (int64_t r = 0; r < cols; r++) {
+        const float top = running[r] > partial[r] ? running[r] : partial[r];
+        a[r] = expf(running[r] - top);
+        b[r] = expf(partial[r] - top);
+        running[r] = top;
+    }
+    for (int64_t i = 1; i < dim + 2; i++)
+        for (int64_t r = 0; r < cols; r++)
+            running[i * cols + r] = running[i * cols + r] * a[r] + partial[i * cols + r] * b[r];
+}
+
+typedef struct {
+    uint32_t *queries, *weights;   /* Q's panels [cols / 16][dim / 2][16]; P^T's pairs [CHUNK / 2][cols] */
+    float *st, *partial, *running, *fold;
+} Scratch16;
+
+/* block_attention in bfloat16 products */
+static void block_attention_bf16(const float *q, const Packed *packed, const Problem *p, int64_t h, int64_t token0,
+                                 float scale, Scratch16 w, float *out, float *lse) {
+    const int64_t tokens = p->tokens - token0 < p->block_tokens ? p->tokens - token0 : p->block_tokens;
+    const int64_t rows = tokens * p->groups, cols = (rows + 7) / 8 * 8, dim = p->dim, half = dim / 2;
+    memset(w.queries, 0, sizeof(uint32_t) * (size_t)((cols + 15) / 16 * 16 * half));
+    for (int64_t r = 0; r < rows; r++) {
+        const float *query = q + head_of(p, h, token0, r) * dim;
+        uint32_t *lane = w.queries + r / 16 * 16 * half + r % 16;
+        for (int64_t j = 0; j < half; j++) lane[j * 16] = bf16_pair(query[2 * j], query[2 * j + 1]);
+    }
+    for (int64_t r = 0; p->carry_in && r < cols; r++)   /* the padding columns start from 0s */
+        for (int64_t i = 0; i < dim + 2; i++)
+            w.running[i * cols + r] = r < rows ? p->carry_in[head_of(p, h, token0, r) * (dim + 2) + i] : 0.0f;
+    const int64_t last_position = p->causal ? p->first_position + token0 + tokens - 1 : p->keys - 1;
+    const int64_t first_unmasked = p->causal ? p->first_position + token0 : p->keys;
+    for (int64_t first = 0; first <= last_position; first += CHUNK) {
+        const int64_t n = last_position + 1 - first < CHUNK ? last_position + 1 - first : CHUNK;
+        const bf16_problem scores = {packed->keys + (h * p->keys + first) * half, half, half, w.queries, 16 * half,
+                                     16, NULL, scale, w.st, cols};
+        bf16_tile(&scores, n, cols);
+        const int masked = first + n - 1 > first_unmasked;
+        if (masked) mask(w.st, n, cols, first, p, token0, rows, MASKED);
+        softmax_columns(w.st, n, cols, w.partial, w.partial + cols);
+        if (masked) mask(w.st, n, cols, first, p, token0, rows, 0.0f);
+        pack_weights(w.st, n, cols, w.weights);
+        const uint32_t *values = packed->values + (h * packed->chunks + first / CHUNK) * dim * (CHUNK / 2);
+        const bf16_problem output = {values, CHUNK / 2, (n + 1) / 2, w.weights, 16, cols, NULL, 1.0f,
+                                     w.partial + 2 * cols, cols};
+        bf16_tile(&output, dim, cols);
+        fold_columns(w.running, w.partial, cols, dim, w.fold, first == 0 && !p->carry_in);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t head = head_of(p, h, token0, r);
+        if (p->carry_out) {
+            for (int64_t i = 0; i < dim + 2; i++) p->carry_out[head * (dim + 2) + i] = w.running[i * cols + r];
+            continue;
+        }
+        for (int64_t d = 0; d < dim; d++) out[head * dim + d] = w.running[(2 + d) * cols + r] / w.running[cols + r];
+        lse[head] = w.running[r] + logf(w.running[cols + r]);
+    }
+}
+
+static size_t scratch_floats(int64_t cols, int64_t dim, int bf16) {
+    if (!bf16) return (size_t)(cols * (dim + CHUNK + 2) + 2 * cols * (dim + 2));
+    const int64_t panels = (cols + 15) / 16 * 16;
+    /* the weights' pairs get 16 words of slack: a tile reads whole vectors past the last column */
+    return (size_t)(panels * dim / 2 + CHUNK / 2 * cols + 16 + CHUNK * cols + 2 * (dim + 2) * cols + 2 * cols);
+}
+
+static Scratch scratch_of(float *memory, int64_t cols, int64_t dim) {
+    return (Scratch){memory, memory + cols * dim, memory + cols * (dim + CHUNK), memory + cols * (dim + CHUNK + 2),
+                     memory + cols * (dim + CHUNK + 2) + cols * (dim + 2)};
+}
+
+static Scratch16 scratch16_of(float *memory, int64_t cols, int64_t dim) {
+    Scratch16 w;
+    w.queries = (uint32_t *)memory;
+    w.weights = w.queries + (cols + 15) / 16 * 16 * dim / 2;
+    w.st = (float *)(w.weights + CHUNK / 2 * cols + 16);
+    w.partial = w.st + CHUNK * cols;
+    w.running = w.partial + (dim + 2) * cols;
+    w.fold = w.running + (dim + 2) * cols;
+    return w;
+}
+
+int64_t swarm_rows_attention_chunk(void) { return CHUNK; }
+
+int swarm_rows_attention_bf16_native(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* q: [tokens, heads, dim]; k, v: [keys, kv_heads, dim] rows `stride` floats apart; out: [tokens,
  * heads, dim]; lse: [tokens, heads]. causal: token i sits at key position keys - tokens + i and
  * sees keys up to it (tokens <= keys); otherwise every token sees every key. dim is a multiple
- * of 8. Returns -1 when scratch memory runs out. */
+ * of 8. bf16: the products in bfloat16 (above). carry_in, carry_out: NULL, or running states (Problem).
+ * Returns -1 when scratch memory runs out. */
 int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
-                         const float *k, const float *v, int64_t keys, int causal, float scale, float *out,
-                         float *lse, int threads) {
+                         const float *k, const float *v, int64_t keys, int causal, int bf16, float scale, float *out,
+                         float *lse, const float *carry_in, float *carry_out, int threads) {
     const int64_t groups = heads / kv_heads;
     const int64_t block_tokens = BLOCK_ROWS / groups > 0 ? BLOCK_ROWS / groups : 1;
     const Problem p = {tokens, heads, kv_heads, groups, dim, keys, keys - tokens, causal, block_tokens,
-                       kv_heads * dim};
+                       kv_heads * dim, carry_in, carry_out};
     const int64_t blocks = (tokens + block_tokens - 1) / block_tokens, cols = (block_tokens * groups + 7) / 8 * 8;
+    Packed packed = {NULL, NULL, 0};
     int failed = 0;
+    if (bf16 && pack_span(k, v, &p, &packed, threads)) {
+        free(packed.keys);
+        free(packed.values);
+        return -1;
+    }
     #pragma omp parallel num_threads(threads)
     {
-        float *memory = malloc(sizeof(float) * (size_t)(cols * (dim + CHUNK + 2) + 2 * cols * (dim + 2)));
-        Scratch w = {memory, memory + cols * dim, memory + cols * (dim + CHUNK), memory + cols * (dim + CHUNK + 2),
-                     memory + cols * (dim + CHUNK + 2) + cols * (dim + 2)};
+        float *memory = malloc(sizeof(float) * scratch_floats(cols, dim, bf16));
         if (!memory) {
             #pragma omp atomic write
             failed = 1;
@@ -124,9 +307,15 @@ int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t 
             if (!memory) continue;
             /* the longest (latest) blocks first: dynamic scheduling then ends evenly */
             const int64_t h = task % kv_heads, block = blocks - 1 - task / kv_heads;
-            block_attention(q, k, v, &p, h, block * block_tokens, scale, w, out, lse);
+            if (bf16)
+                block_attention_bf16(q, &packed, &p, h, block * block_tokens, scale, scratch16_of(memory, cols, dim),
+                                     out, lse);
+            else
+                block_attention(q, k, v, &p, h, block * block_tokens, scale, scratch_of(memory, cols, dim), out, lse);
         }
         free(memory);
     }
+    free(packed.keys);
+    free(packed.values);
     return failed ? -1 : 0;
 }

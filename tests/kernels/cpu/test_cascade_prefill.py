@@ -18,7 +18,7 @@ def prefix_kv(cache, prefix):
 
 
 KERNELS = [pytest.param(None, id="sdpa"),
-           pytest.param(native_attention.rows_attention, id="native",
+           pytest.param(native_attention.RowsKernel(), id="native",
                         marks=pytest.mark.skipif(not native_attention.available(), reason="no C compiler"))]
 
 
@@ -84,3 +84,34 @@ def test_the_causal_tail_gives_the_oracles_lse():
     scores.masked_fill_(torch.arange(9)[None, None, :] > torch.arange(4, 9)[None, :, None], float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1).T, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv), atol=1e-5, rtol=1e-5)
+
+
+NATIVE = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
+
+
+@NATIVE
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("trunk_tokens", [512, 600, 100])
+def test_the_native_kernel_gives_each_prompt_the_bits_it_gets_alone(trunk_tokens, bf16):
+    """A trunk of two whole chunks, one that ends inside a chunk, and one shorter than a chunk: each prompt's rows
+    get the bits of the same kernel causal over the prompt's whole context, in either precision of products."""
+    block, kv_heads, heads, dim = 16, 3, 9, 64
+    gen = torch.Generator().manual_seed(trunk_tokens)
+    trunk = list(range(trunk_tokens // block))
+    k_cache, v_cache = (torch.randn(len(trunk) + 20, block, kv_heads, dim, generator=gen) for _ in range(2))
+    after = len(trunk)
+    tables = [trunk + [after + 1, after + 2], trunk + [after + 5], trunk + [after + 9, after + 10, after + 11]]
+    starts, query_lens = [trunk_tokens + 3, trunk_tokens, trunk_tokens + 17], [20, 9, 30]
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
+    context_lens = [s + n for s, n in zip(starts, query_lens)]
+    block_tables = [torch.tensor(t) for t in tables]
+    groups = plan_prefill(tables, starts, query_lens, block, CPU, 64)
+    assert [seqs for seqs, _ in groups] == [[0, 1, 2]]
+    kernel = native_attention.RowsKernel(bf16=bf16)
+    together = cascade_prefill.prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens, groups,
+                                                 0.125, prefix_kv, kernel)
+    alone = paged_attention.prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens, 0.125,
+                                              kernel)
+    assert torch.equal(together, alone)
+    expected = paged_attention.prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens, 0.125)
+    torch.testing.assert_close(together, expected, atol=1e-2 if bf16 else 1e-5, rtol=1e-2 if bf16 else 1e-5)
