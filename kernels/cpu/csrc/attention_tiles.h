@@ -13,6 +13,66 @@
 
 #include "vector_exp.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* c[rows x 8 vecs] = a[rows x depth] b[depth x 8 vecs] * scale, where a's element (r, d) sits at
+   a[r * row_step + d * depth_step] and b's rows are ldb apart; rows and vecs are constants after
+   inlining, so the accumulators (at most 12) stay in registers. */
+static inline __attribute__((always_inline)) void tile(const float *a, int64_t row_step, int64_t depth_step,
+                                                       const float *b, int64_t ldb, int64_t depth, int rows,
+                                                       int vecs, float *c, int64_t ldc, float scale) {
+    __m256 acc[8][3];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < depth; d++) {
+        __m256 bv[3];
+        for (int i = 0; i < vecs; i++) {
+            bv[i] = _mm256_loadu_ps(b + d * ldb + 8 * i);
+            __asm__("" : "+x"(bv[i]));   /* keeps it in a register: GCC would reload it for every row */
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m256 x = _mm256_broadcast_ss(a + r * row_step + d * depth_step);
+            for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_fmadd_ps(x, bv[i], acc[r][i]);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < vecs; i++) _mm256_storeu_ps(c + r * ldc + 8 * i, _mm256_mul_ps(acc[r][i], s));
+}
+
+#define TILE(R, V) tile(a + r * row_step, row_step, depth_step, b + j, ldb, depth, R, V, c + r * ldc + j, ldc, scale)
+
+/* one strip of 24, 16 or 8 columns in 256-bit vectors, all rows, in tiles of 4, 6 or 8 rows (12 or 8 accumulators) */
+static void strip8(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb, int64_t rows,
+                  int64_t depth, int64_t j, int vecs, float *c, int64_t ldc, float scale) {
+    const int step = vecs == 3 ? 4 : vecs == 2 ? 6 : 8;
+    int64_t r = 0;
+    for (; r + step <= rows; r += step) {
+        if (vecs == 3) TILE(4, 3); else if (vecs == 2) TILE(6, 2); else TILE(8, 1);
+    }
+    switch ((rows - r) * 4 + vecs) {   /* the remainder: (rows left, vecs) */
+        case 1 * 4 + 3: TILE(1, 3); break;
+        case 2 * 4 + 3: TILE(2, 3); break;
+        case 3 * 4 + 3: TILE(3, 3); break;
+        case 1 * 4 + 2: TILE(1, 2); break;
+        case 2 * 4 + 2: TILE(2, 2); break;
+        case 3 * 4 + 2: TILE(3, 2); break;
+        case 4 * 4 + 2: TILE(4, 2); break;
+        case 5 * 4 + 2: TILE(5, 2); break;
+        case 1 * 4 + 1: TILE(1, 1); break;
+        case 2 * 4 + 1: TILE(2, 1); break;
+        case 3 * 4 + 1: TILE(3, 1); break;
+        case 4 * 4 + 1: TILE(4, 1); break;
+        case 5 * 4 + 1: TILE(5, 1); break;
+        case 6 * 4 + 1: TILE(6, 1); break;
+        case 7 * 4 + 1: TILE(7, 1); break;
+        default: break;
+    }
+}
+
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -88,9 +148,11 @@ static void matmul(const float *a, int64_t row_step, int64_t depth_step, const f
                    int64_t rows, int64_t depth, int64_t cols, float *c, int64_t ldc, float scale) {
     int64_t j = 0;
     for (; j + 64 <= cols; j += 64) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 4, 0xFFFF, c, ldc, scale);
-    if (j < cols)
-        strip(a, row_step, depth_step, b, ldb, rows, depth, j, (int)((cols - j + 15) / 16),
-              (cols - j) % 16 ? 0x00FF : 0xFFFF, c, ldc, scale);
+    const int64_t whole = (cols - j) / 16;   /* then vectors of 16; 8 columns left take 256-bit vectors, where a
+                                                half-masked 512-bit one costs a Zen 4 as much as a whole one */
+    if (whole) strip(a, row_step, depth_step, b, ldb, rows, depth, j, (int)whole, 0xFFFF, c, ldc, scale);
+    j += 16 * whole;
+    if (j < cols) strip8(a, row_step, depth_step, b, ldb, rows, depth, j, 1, c, ldc, scale);
 }
 
 /* softmax_columns below, 16 columns at a time (the last 8 masked) */
@@ -120,72 +182,16 @@ static inline void exp_shifted(float *s, int64_t n, float top) {
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-
-/* c[rows x 8 vecs] = a[rows x depth] b[depth x 8 vecs] * scale, where a's element (r, d) sits at
-   a[r * row_step + d * depth_step] and b's rows are ldb apart; rows and vecs are constants after
-   inlining, so the accumulators (at most 12) stay in registers. */
-static inline __attribute__((always_inline)) void tile(const float *a, int64_t row_step, int64_t depth_step,
-                                                       const float *b, int64_t ldb, int64_t depth, int rows,
-                                                       int vecs, float *c, int64_t ldc, float scale) {
-    __m256 acc[8][3];
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < depth; d++) {
-        __m256 bv[3];
-        for (int i = 0; i < vecs; i++) {
-            bv[i] = _mm256_loadu_ps(b + d * ldb + 8 * i);
-            __asm__("" : "+x"(bv[i]));   /* keeps it in a register: GCC would reload it for every row */
-        }
-        for (int r = 0; r < rows; r++) {
-            const __m256 x = _mm256_broadcast_ss(a + r * row_step + d * depth_step);
-            for (int i = 0; i < vecs; i++) acc[r][i] = _mm256_fmadd_ps(x, bv[i], acc[r][i]);
-        }
-    }
-    const __m256 s = _mm256_set1_ps(scale);
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < vecs; i++) _mm256_storeu_ps(c + r * ldc + 8 * i, _mm256_mul_ps(acc[r][i], s));
-}
-
-#define TILE(R, V) tile(a + r * row_step, row_step, depth_step, b + j, ldb, depth, R, V, c + r * ldc + j, ldc, scale)
-
-/* one strip of 24, 16 or 8 columns, all rows, in tiles of 4, 6 or 8 rows (12 or 8 accumulators) */
-static void strip(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb, int64_t rows,
-                  int64_t depth, int64_t j, int vecs, float *c, int64_t ldc, float scale) {
-    const int step = vecs == 3 ? 4 : vecs == 2 ? 6 : 8;
-    int64_t r = 0;
-    for (; r + step <= rows; r += step) {
-        if (vecs == 3) TILE(4, 3); else if (vecs == 2) TILE(6, 2); else TILE(8, 1);
-    }
-    switch ((rows - r) * 4 + vecs) {   /* the remainder: (rows left, vecs) */
-        case 1 * 4 + 3: TILE(1, 3); break;
-        case 2 * 4 + 3: TILE(2, 3); break;
-        case 3 * 4 + 3: TILE(3, 3); break;
-        case 1 * 4 + 2: TILE(1, 2); break;
-        case 2 * 4 + 2: TILE(2, 2); break;
-        case 3 * 4 + 2: TILE(3, 2); break;
-        case 4 * 4 + 2: TILE(4, 2); break;
-        case 5 * 4 + 2: TILE(5, 2); break;
-        case 1 * 4 + 1: TILE(1, 1); break;
-        case 2 * 4 + 1: TILE(2, 1); break;
-        case 3 * 4 + 1: TILE(3, 1); break;
-        case 4 * 4 + 1: TILE(4, 1); break;
-        case 5 * 4 + 1: TILE(5, 1); break;
-        case 6 * 4 + 1: TILE(6, 1); break;
-        case 7 * 4 + 1: TILE(7, 1); break;
-        default: break;
-    }
-}
-
 /* c[rows x cols] = a @ b * scale; cols is a multiple of 8 */
 static void matmul(const float *a, int64_t row_step, int64_t depth_step, const float *b, int64_t ldb,
                    int64_t rows, int64_t depth, int64_t cols, float *c, int64_t ldc, float scale) {
     int64_t j = 0;
-    for (; j + 24 <= cols; j += 24) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 3, c, ldc, scale);
+    for (; j + 24 <= cols; j += 24) strip8(a, row_step, depth_step, b, ldb, rows, depth, j, 3, c, ldc, scale);
     if (j + 16 <= cols) {
-        strip(a, row_step, depth_step, b, ldb, rows, depth, j, 2, c, ldc, scale);
+        strip8(a, row_step, depth_step, b, ldb, rows, depth, j, 2, c, ldc, scale);
         j += 16;
     }
-    if (j < cols) strip(a, row_step, depth_step, b, ldb, rows, depth, j, 1, c, ldc, scale);
+    if (j < cols) strip8(a, row_step, depth_step, b, ldb, rows, depth, j, 1, c, ldc, scale);
 }
 
 /* each column of st [n x cols]: exp(value - column max) in place; the maxima and the columns'
