@@ -52,13 +52,15 @@ def op_args(name):
         "paged_decode": lambda: (*paged_args(), 0.25),
         "prefix_attention": lambda: (randn(3, 6, 16), randn(40, 2, 16, seed=1), randn(40, 2, 16, seed=2), 0.25),
         "rows_attention": lambda: (randn(5, 6, 16), randn(9, 2, 16, seed=1), randn(9, 2, 16, seed=2), 0.25, True),
+        "rows_attention_running": lambda: (randn(5, 6, 16), randn(9, 2, 16, seed=1), randn(9, 2, 16, seed=2), 0.25,
+                                           True),
         "merge_attention": lambda: (randn(3, 6, 16), randn(3, 6, seed=1), randn(3, 6, 16, seed=2),
                                     randn(3, 6, seed=3)),
     }[name]()
 
 
 NAMES = ["rms_norm", "rotary", "silu_mul", "quant_matmul", "quant_matmul_many", "paged_decode", "prefix_attention",
-         "rows_attention", "merge_attention"]
+         "rows_attention", "rows_attention_running", "merge_attention"]
 WRITING = ["quant_dequantize"]   # ops that write into their last argument, returning nothing
 
 
@@ -101,6 +103,13 @@ def test_each_fake_gives_the_real_outputs_shapes_and_dtypes(name):
     op = getattr(torch.ops.swarm, name).default
     torch.library.opcheck(op, op_args(name), test_utils=("test_schema", "test_faketensor",
                                                           "test_autograd_registration"))
+
+
+def test_rows_attention_continuing_running_states_passes_opcheck():
+    q, k, v, scale, _ = op_args("rows_attention")
+    running = ops.rows_attention_running(q, k[:4], v[:4], scale, True)
+    torch.library.opcheck(torch.ops.swarm.rows_attention.default, (q, k[4:], v[4:], scale, True, True, running),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_torch_compile_takes_the_cascade_as_one_graph_of_opaque_ops():
