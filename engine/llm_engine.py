@@ -51,6 +51,7 @@ class LLMEngine:
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)
         self.prompt_precision = prompt_matmul.choose(options.dtype, self.device, self.dtype)
+        prompt_attention = prompt_matmul.choose_attention(self.prompt_precision)
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
@@ -71,7 +72,7 @@ class LLMEngine:
         graphs = None if self.states is not None else decode_graphs.engine_settings(
             options, self.device, num_blocks, self.config.max_position_embeddings)
         self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states,
-                                  self.prompt_precision)
+                                  self.prompt_precision, prompt_attention)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -195,7 +196,7 @@ class LLMEngine:
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
-                  "prompt_attention": attention.prompt_attention(self.prompt_precision),
+                  "prompt_attention": attention.prompt_attention(),
                   "decode_graphs": self.runner.graphs_state()}
         if self.delta_rule is not None:
             chosen["delta_rule"] = self.delta_rule

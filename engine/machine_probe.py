@@ -16,6 +16,9 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       its partial sums were rounded to bfloat16, where AMX's agreed with float64 sums.
     read_bytes_per_s  bytes over the seconds of the fastest `sum()` of a 256 MiB float32 tensor: every byte read
                       once and nothing written, as a decode step reads its weights and KV.
+    attention_flop_s  per precision of its products (float32; bfloat16 where the C kernel's build multiplies
+                      them on AVX512-BF16): swarm's prompt attention (kernels/cpu/csrc/rows_attention.c), a causal
+                      1,024-token prompt of SmolLM2's heads, for `dtype: auto`'s choice of the prompts' attention.
 
 Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent.
 Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
@@ -44,11 +47,12 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
 REPEATS = 3
-BUDGET_S = {"matmul": 1.5, "read": 1.0}   # per dtype, and for the read probe
+BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5}   # per dtype, the read probe, per attention precision
 FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 CACHE_FILE = "machine-probe.json"
 SUMS_SHAPE = (64, 2048, 64)
 SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products stay far inside it, bfloat16 ones not
+ATTENTION_SHAPE = (1024, 9, 3, 64)   # tokens, heads, KV heads, head width: a SmolLM2 layer's causal prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class MachineProbe:
     matmul_flop_s: dict[str, MatmulRate]
     read_bytes_per_s: float
     probe_s: float                 # seconds the probes took
+    attention_flop_s: dict[str, float] = field(default_factory=dict)   # per precision of its products
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -89,7 +94,8 @@ class MachineProbe:
         rates = {dtype: MatmulRate(rate["flop_s"], tuple(rate["shape"]), rate["native"], rate["float32_sums"])
                  for dtype, rate in data["matmul_flop_s"].items()}
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
-                   rates, data["read_bytes_per_s"], data["probe_s"], from_cache=True)
+                   rates, data["read_bytes_per_s"], data["probe_s"], dict(data.get("attention_flop_s", {})),
+                   from_cache=True)
 
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
@@ -119,7 +125,8 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
             cached = MachineProbe.from_json(entries[key])
         except (KeyError, TypeError, ValueError):
             cached = None   # an entry from another version of this file: probe again
-        if cached is not None and set(cached.matmul_flop_s) >= set(probed_paths()):
+        if (cached is not None and set(cached.matmul_flop_s) >= set(probed_paths())
+                and set(cached.attention_flop_s) >= set(attention_precisions())):
             return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
@@ -140,8 +147,30 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
                                                                                         budget_s["matmul"])
              for path in probed_paths()}
     read = read_bytes_per_s(budget_s["read"])
+    attention = {precision: attention_rate(precision, budget_s.get("attention", BUDGET_S["attention"]))
+                 for precision in attention_precisions()}
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
-                        torch.__version__, rates, read, time.perf_counter() - began)
+                        torch.__version__, rates, read, time.perf_counter() - began, attention)
+
+
+def attention_precisions() -> list[str]:
+    """The precisions of the prompt attention's products a probe times: none without the C kernel."""
+    from kernels.cpu import native_attention  # builds the kernels, once per machine
+    if not native_attention.available():
+        return []
+    return ["float32"] + (["bfloat16"] if native_attention.rows_attention_bf16_native() else [])
+
+
+def attention_rate(precision: str, budget_s: float) -> float:
+    """FLOP/s of the C prompt attention on a causal ATTENTION_SHAPE prompt, its products in `precision`."""
+    from kernels.cpu import native_attention
+    tokens, heads, kv_heads, dim = ATTENTION_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(tokens, heads, dim, generator=generator)
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=generator) for _ in range(2))
+    flops = 2 * 2 * heads * dim * tokens * (tokens + 1) // 2   # two products over each token's keys
+    bf16 = precision == "bfloat16"
+    return flops / fastest_s(lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16), budget_s)
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:

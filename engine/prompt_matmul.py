@@ -32,6 +32,7 @@ those products.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ import torch
 from engine.machine_probe import KERNEL, cached_probe
 
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
+ATTENTION_BF16_SPEEDUP = 1.2   # the attention's: its matmuls' precision already rounds the prompt rows
 PRECISIONS = ("float32", "bfloat16", KERNEL)
 
 _step = threading.local()
@@ -58,6 +60,17 @@ def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
               and rate.native and rate.float32_sums}
     best = max(usable, key=usable.get, default=None)
     return best if best and f32 is not None and usable[best] >= BF16_SPEEDUP * f32.flop_s else "float32"
+
+
+def choose_attention(precision: str) -> str:
+    """The precision of the prompts' attention products in steps whose matmuls take `precision` (of PRECISIONS):
+    bfloat16 where they do and the probe measured the C kernel's bfloat16 products at least
+    ATTENTION_BF16_SPEEDUP x its float32 ones; float32 otherwise."""
+    if precision == "float32":
+        return "float32"
+    rates = cached_probe().attention_flop_s
+    fast = rates.get("bfloat16", 0.0) >= ATTENTION_BF16_SPEEDUP * rates.get("float32", math.inf)
+    return "bfloat16" if fast else "float32"
 
 
 def _usable(path: str) -> bool:

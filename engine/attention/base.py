@@ -61,9 +61,12 @@ class AttentionBackend(Protocol):
     def use_cascade(self, on: bool) -> None:
         """Shared prefixes read once for the rows that share them, or not at all, from the next plan."""
 
-    def prompt_attention(self, step_precision: str) -> str:
-        """The precision of prompt rows' attention products in steps whose matmuls take `step_precision`
-        (engine.prompt_matmul): "bfloat16" or "float32"."""
+    def use_prompt_attention(self, precision: str) -> None:
+        """Prompt rows' attention products in `precision` ("bfloat16" or "float32", engine.prompt_matmul's
+        choose_attention) in steps whose matmuls take bfloat16, where the kernel set has such products."""
+
+    def prompt_attention(self) -> str:
+        """The precision prompt rows' attention products take in steps whose matmuls take bfloat16."""
 
     def plan(self, batch: AttentionBatch) -> None:
         """Once a step, before the model runs: the cascade split of `batch` (shared prefixes and private

@@ -30,6 +30,7 @@ class CascadeBackend:
         self.scale = scale
         self.device = kv.layers[0][0].device
         self.min_prefix_tokens: float = MIN_PREFIX_TOKENS
+        self.bf16_prompts = False
 
     def use_cascade(self, on: bool) -> None:
         self.min_prefix_tokens = MIN_PREFIX_TOKENS if on else float("inf")
@@ -90,18 +91,19 @@ class CascadeBackend:
         return self.kernels.prefill(q, k_cache, v_cache, plan.block_tables, context_lens, query_lens, self.scale,
                                     rows_attention)
 
-    def prompt_attention(self, step_precision: str) -> str:
-        bf16 = (step_precision != "float32" and self.kernels.prefill_rows_bf16 is not None
-                and native_attention.bf16_products_native())
-        return "bfloat16" if bf16 else "float32"
+    def use_prompt_attention(self, precision: str) -> None:
+        bf16 = precision == "bfloat16" and self.kernels.prefill_rows_bf16 is not None
+        self.bf16_prompts = bf16 and native_attention.bf16_products_native()
+
+    def prompt_attention(self) -> str:
+        return "bfloat16" if self.bf16_prompts else "float32"
 
     def _rows_kernel(self):
-        """The prompt rows' kernel in the step's precision (engine.prompt_matmul): bfloat16 products where the
-        step's matmuls take them and the set has such a kernel."""
-        kernels = self.kernels
-        if kernels.prefill_rows_bf16 is not None and prompt_matmul.bfloat16_now():
-            return kernels.prefill_rows_bf16
-        return kernels.prefill_rows
+        """The prompt rows' kernel: bfloat16 products where the backend takes them (use_prompt_attention) and the
+        step's matmuls take bfloat16 (engine.prompt_matmul)."""
+        if self.bf16_prompts and prompt_matmul.bfloat16_now():
+            return self.kernels.prefill_rows_bf16
+        return self.kernels.prefill_rows
 
 
 def prefix_kv(cache: torch.Tensor, prefix: SharedPrefix) -> torch.Tensor:

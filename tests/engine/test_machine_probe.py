@@ -18,7 +18,7 @@ from engine.machine_probe import (
 )
 from kernels.cpu import bf16_matmul
 
-SHORT = {"matmul": 0.05, "read": 0.05}   # each probe still runs its shapes at least once
+SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05}   # each probe still runs its shapes at least once
 
 
 @pytest.fixture
@@ -41,6 +41,28 @@ def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could
     assert probe.probe_s > 0
     assert probe.threads == torch.get_num_threads() and probe.cores >= 1 and probe.cpu
     assert probe.fastest_dtype() in expected
+
+
+def test_the_prompt_attention_is_timed_in_each_precision_its_build_multiplies_natively():
+    from kernels.cpu import native_attention
+    probe = probe_machine(SHORT)
+    if not native_attention.available():
+        assert probe.attention_flop_s == {}
+        return
+    native = native_attention.rows_attention_bf16_native()
+    assert set(probe.attention_flop_s) == {"float32"} | ({"bfloat16"} if native else set())
+    assert all(0 < rate < math.inf for rate in probe.attention_flop_s.values())
+
+
+def test_a_cached_entry_without_the_attention_rates_is_probed_again(cache_dir):
+    first = cached_probe(budget_s=SHORT)
+    if not first.attention_flop_s:
+        pytest.skip("no C compiler for the kernels: nothing of the attention to time")
+    stored = json.loads(cache_path().read_text())
+    del stored[first.key]["attention_flop_s"]   # as the previous version of the file wrote it
+    cache_path().write_text(json.dumps(stored))
+    again = cached_probe(budget_s=SHORT)
+    assert not again.from_cache and set(again.attention_flop_s) == set(first.attention_flop_s)
 
 
 def test_the_cache_is_reused_until_reprobe(cache_dir):

@@ -90,11 +90,14 @@ def test_decode_rows_keep_the_float32_kernels_inside_a_prompt_step():
     assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # the process-wide flag is put back
 
 
-def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10) -> None:
+def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10,
+                attention: dict[str, float] | None = None) -> None:
+    """A cached probe of this machine with these rates; attention: the prompt attention's, per precision."""
     probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
                          {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
-                          KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0)
+                          KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
+                         attention or {"float32": 1e11, "bfloat16": 1e11})
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
@@ -110,6 +113,21 @@ def test_auto_takes_bfloat16_products_where_the_cached_probe_measured_them_faste
     assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
     assert prompt_matmul.choose("float32", CPU, torch.float32) == "float32"
     assert prompt_matmul.choose("auto", CPU, torch.bfloat16) == "float32"
+
+
+@pytest.mark.parametrize(("float32", "bfloat16", "precision", "expected"),
+                         [(1e11, 1.5e11, KERNEL, "bfloat16"), (1e11, 1.5e11, "bfloat16", "bfloat16"),
+                          (1e11, 1.1e11, KERNEL, "float32"), (1e11, None, KERNEL, "float32"),
+                          (1e11, 1.5e11, "float32", "float32")])
+def test_the_prompts_attention_takes_bfloat16_where_the_probe_measured_it_faster(monkeypatch, tmp_path, float32,
+                                                                                  bfloat16, precision, expected):
+    """In steps whose matmuls take bfloat16, and where it measured at least ATTENTION_BF16_SPEEDUP x float32;
+    no bfloat16 rate: the kernel's build has no native bfloat16 products."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    rates = {"float32": float32} | ({} if bfloat16 is None else {"bfloat16": bfloat16})
+    write_probe(3e11, attention=rates)
+    monkeypatch.setattr("engine.machine_probe.attention_precisions", lambda: list(rates))
+    assert prompt_matmul.choose_attention(precision) == expected
 
 
 @pytest.mark.skipif(not bf16_matmul.native(), reason="swarm's bfloat16 kernel is not native on this CPU")
@@ -141,12 +159,11 @@ def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_
 def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(trunk_tokens, tiny_model_dir,
                                                                                  monkeypatch):
     """On any CPU (the plain build where there is no AVX512-BF16): the engine told to take the kernel's precision,
-    as auto does where the probe timed it fastest. Its prompts' attention takes bfloat16 products too where they
-    are native."""
+    as auto does where the probe timed it fastest. Its prompts' attention takes bfloat16 products too where the
+    probe timed them faster."""
     import random
 
     from engine import LLM, SamplingParams
-    from kernels.cpu import native_attention
 
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: KERNEL)
     folder = str(tiny_model_dir("llama"))
@@ -157,8 +174,7 @@ def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision
     shared = LLM(folder, weights="q4_1", kv_budget_tokens=4096)
     unshared = LLM(folder, weights="q4_1", kv_budget_tokens=4096, enable_prefix_caching=False)
     assert shared.engine.kernels()["prompt_products"] == KERNEL
-    attention = "bfloat16" if native_attention.bf16_products_native() else "float32"
-    assert shared.engine.kernels()["prompt_attention"] == attention
+    assert shared.engine.kernels()["prompt_attention"] == prompt_matmul.choose_attention(KERNEL)
     together = [o.token_ids for o in shared.generate(prompts, params)]
     assert together == [o.token_ids for o in unshared.generate(prompts, params)]
     assert together == [unshared.generate([p], params)[0].token_ids for p in prompts]
