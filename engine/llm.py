@@ -55,6 +55,11 @@ class LLM:
     def kv_stats(self) -> KVStats:
         return self.engine.kv_stats()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefixes (as vLLM's LLM.reset_prefix_cache): the next prompts compute every token.
+        Returns the KV blocks forgotten."""
+        return self.engine.reset_prefix_cache()
+
     def weight_memory(self) -> WeightMemory:
         """The bytes the weights hold, by storage format (the engine's own count)."""
         return self.engine.weights

@@ -153,6 +153,11 @@ class LLMEngine:
             self._sample(batch.seqs, sample_rows, logits, result)
         return result
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix no live request holds: the next prompts compute all their tokens. Returns
+        the blocks forgotten."""
+        return self.blocks.reset_prefix_cache()
+
     def kv_stats(self) -> KVStats:
         seqs = [s for s in self.live.values() if s.block_table]
         return collect_stats(self.blocks, seqs, self.runner.kv.block_bytes, self.runner.tokens_computed)

@@ -185,6 +185,10 @@ class BlockManager:
         if self.states is not None:
             self.states.free(seq.seq_id)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached blocks no sequence holds (and a hybrid's snapshots at them); the blocks forgotten."""
+        return self.pool.forget_cached()
+
     def pin(self, seq: Sequence) -> list[int]:
         for block_id in seq.block_table:
             self.pool.pin(block_id)

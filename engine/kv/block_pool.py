@@ -138,6 +138,14 @@ class BlockPool:
                     break
         return best, best_len
 
+    def forget_cached(self) -> int:
+        """Make every cached block (free, findable) unfindable, as if never written; blocks in use stay findable.
+        Returns how many were forgotten."""
+        cached = [self.blocks[i] for i in self.free_order if self.blocks[i].parent_hash is not None]
+        for block in cached:
+            self._forget(block)
+        return len(cached)
+
     def is_cached(self, block_id: int) -> bool:
         block = self.blocks[block_id]
         return block.ref_count == 0 and block.pins == 0 and block.parent_hash is not None

@@ -24,7 +24,8 @@ class BusyResult:
         m = self.measurement
         if m is None:
             return data
-        data.update(decode_tok_s=m.decode_tok_s, decode_tokens=m.decode_tokens, decode_s=m.decode_s, wall_s=m.wall_s,
+        data.update(prompt_tokens_computed=m.prompt_tokens_computed, decode_tok_s=m.decode_tok_s,
+                    decode_tokens=m.decode_tokens, decode_s=m.decode_s, wall_s=m.wall_s,
                     decode_over_quiet=_over(m.decode_tok_s, quiet and quiet.decode_tok_s),
                     wall_over_quiet=_over(m.wall_s, quiet and quiet.wall_s), matches_quiet=self.matches_quiet)
         return data

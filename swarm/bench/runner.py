@@ -57,7 +57,10 @@ class SwarmRunner:
                        cuda_graphs=options.graphs)
 
     def run(self, workload: Workload) -> Measurement:
+        """One run from a cold prefix cache, as every peer's: a run beside busy processes repeats the quiet run's
+        prompts, which would otherwise find them cached."""
         engine, params = self.llm.engine, SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True)
+        self.llm.reset_prefix_cache()
         computed_before = engine.prompt_tokens_computed
         watch = Stopwatch()
         seqs = [engine.add_request(p, params, request_id=str(i), keep_kv=True)

@@ -116,6 +116,20 @@ def test_trunk_is_computed_once(tiny_model_dir):
     assert llm.tokens_computed == len(trunk) + sum(suffixes) + len(prompts) * 3
 
 
+def test_after_reset_prefix_cache_the_same_prompts_are_computed_again_with_the_same_tokens(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192)
+    trunk, prompts = swarm_prompts(trunk_len=203, suffix_len=30)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    once = llm.engine.runner.prompt_tokens_computed
+    cached = llm.kv_stats().blocks_cached
+    assert cached > 0 and llm.reset_prefix_cache() == cached
+    assert llm.kv_stats().blocks_cached == 0
+    again = [o.token_ids for o in llm.generate(prompts, params)]
+    assert again == first
+    assert llm.engine.runner.prompt_tokens_computed == 2 * once   # the trunk computed again, once
+
+
 def test_sharing_off_computes_every_prompt_in_full(tiny_model_dir):
     llm = LLM(str(tiny_model_dir("llama")), kv_budget_tokens=8192, enable_prefix_caching=False)
     _, prompts = swarm_prompts(trunk_len=203, suffix_len=30)

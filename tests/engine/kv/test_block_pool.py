@@ -72,6 +72,14 @@ class PoolMachine(RuleBasedStateMachine):
     def free(self, index):
         self.manager.free(self.seqs.pop(index % len(self.seqs)))
 
+    @rule()
+    def reset_prefix_cache(self):
+        in_use = {block for seq in self.seqs for block in seq.block_table}
+        self.manager.reset_prefix_cache()
+        assert not any(self.pool.is_cached(block.block_id) for block in self.pool.blocks)
+        assert all(self.pool.blocks[block].parent_hash is not None for block in in_use
+                   if self.pool.num_recorded(block))   # what sequences hold stays findable
+
     @invariant()
     def ref_counts_are_exact(self):
         expected = [0] * self.pool.num_blocks
@@ -127,6 +135,22 @@ def test_reviving_a_cached_block_keeps_its_hash_and_content():
     manager.admit(again)
     assert again.block_table[0] == first and again.num_cached_tokens == 6
     assert pool.block_hash(first) == full_hash
+
+
+def test_a_reset_prefix_cache_forgets_the_free_blocks_and_keeps_those_in_use():
+    pool = BlockPool(8, BLOCK)
+    manager = BlockManager(pool)
+    done, running = Sequence([1, 2, 3, 4, 5, 6], SamplingParams()), Sequence([7, 8, 9, 10, 11], SamplingParams())
+    for seq in (done, running):
+        manager.admit(seq)
+        manager.prepare_write(seq, seq.num_uncomputed_tokens)
+        manager.commit_written(seq, seq.num_uncomputed_tokens)
+    manager.free(done)
+    assert manager.reset_prefix_cache() == 2
+    assert manager.match_prefix([1, 2, 3, 4, 5, 6, 0]) == ([], 0)
+    blocks, tokens = manager.match_prefix([7, 8, 9, 10, 11, 0])
+    assert blocks == running.block_table and tokens == 5
+    assert pool.num_free == 6
 
 
 def test_pinned_blocks_are_never_reused():
