@@ -155,3 +155,17 @@ def test_a_finished_request_s_next_turn_starts_after_its_reply(tiny_model_dir):
     assert second.num_cached_tokens == len(prompt) + len(reply) - 1
     alone = LLM(folder, dtype="float32", kv_budget_tokens=1024, enable_prefix_caching=False)
     assert second.token_ids == alone.generate([turn], params)[0].token_ids
+
+
+def test_after_reset_prefix_cache_a_hybrid_computes_its_prompts_again_with_the_same_tokens(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("qwen3_5")), dtype="float32", kv_budget_tokens=2048)
+    _, prompts = trunk_and_prompts(3)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    once = llm.engine.runner.prompt_tokens_computed
+    snapshots = llm.engine.blocks.snapshots
+    assert snapshots.num_held > 0
+    llm.reset_prefix_cache()
+    assert snapshots.num_held == 0   # a state at a forgotten block is of no use
+    assert [o.token_ids for o in llm.generate(prompts, params)] == first
+    assert llm.engine.runner.prompt_tokens_computed == 2 * once
