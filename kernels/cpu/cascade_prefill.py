@@ -54,7 +54,8 @@ def prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_len
 def _continued(q, k_cache, v_cache, block_tables, context_lens, seqs, prefix, scale, prefix_kv, kernel, starts,
                pieces) -> None:
     """The group's prompts through the prefix's whole chunks at once, then each over the rest of its context."""
-    split = prefix.num_blocks * k_cache.shape[1] // native_attention.chunk_keys() * native_attention.chunk_keys()
+    chunk = native_attention.chunk_keys()
+    split = prefix.num_blocks * k_cache.shape[1] // chunk * chunk
     if split == 0:   # no whole chunk to share: each prompt alone
         return
     running = kernel.running(q[prefix.rows], prefix_kv(k_cache, prefix)[:split], prefix_kv(v_cache, prefix)[:split],

@@ -275,7 +275,7 @@ def running_shape(q: Tensor) -> tuple[int, int, int]:
 
 
 def rows_attention_running_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    _rows_outputs("rows_attention_running", q, k, v)
+    _expect_rows("rows_attention_running", q, k, v)
     return q.new_empty(running_shape(q))
 
 
@@ -313,14 +313,18 @@ def merge_attention(lib: ctypes.CDLL, out_a: Tensor, lse_a: Tensor, out_b: Tenso
 
 def _rows_outputs(op: str, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Rows q [rows, heads, dim] over one key set k, v [keys, kv_heads, dim] -> out, lse [rows, heads]."""
-    expect_rank(op, "q", q, 3)
+    _expect_rows(op, q, k, v)
     rows, heads, dim = q.shape
+    return q.new_empty(rows, heads, dim), q.new_empty(rows, heads)
+
+
+def _expect_rows(op: str, q: Tensor, k: Tensor, v: Tensor) -> None:
+    expect_rank(op, "q", q, 3)
     expect_rank(op, "k", k, 3)
     _expect_heads(op, q, "k", k.shape[1:])
     expect_tensor(op, "v", v, k.shape)
     if k.shape[0] == 0:
         raise refusal(op, "k", "must hold at least one key")
-    return q.new_empty(rows, heads, dim), q.new_empty(rows, heads)
 
 
 def _expect_heads(op: str, q: Tensor, kv_name: str, kv_heads_and_dim: torch.Size) -> None:
