@@ -82,12 +82,11 @@ def _merged(q, k_cache, v_cache, block_tables, context_lens, seqs, prefix, scale
     """The group's prompts over the whole prefix at once, then each over its own part, merged by log-sum-exp."""
     shared_out, shared_lse = attend(q[prefix.rows], prefix_kv(k_cache, prefix), prefix_kv(v_cache, prefix),
                                     scale, False)
-    row, skip = 0, prefix.num_blocks
+    row, shared = 0, prefix.num_blocks * k_cache.shape[1]
     for i in seqs:
         n = starts[i + 1] - starts[i]
-        tail = context_lens[i] - skip * k_cache.shape[1]
-        k = paged_attention.gather_kv(k_cache, block_tables[i][skip:], tail)
-        v = paged_attention.gather_kv(v_cache, block_tables[i][skip:], tail)
+        k = _keys_from(k_cache, block_tables[i], shared, context_lens[i])
+        v = _keys_from(v_cache, block_tables[i], shared, context_lens[i])
         out, lse = attend(q[starts[i]:starts[i + 1]], k, v, scale, True)
         pieces[i], _ = cascade_attention.merge_attention(shared_out[row:row + n], shared_lse[row:row + n], out, lse)
         row += n
