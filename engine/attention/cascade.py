@@ -4,6 +4,9 @@ every step's attention into the shared trunk, read once, and each sequence's pri
     last-token queries (decode, a prefill's last layer):
         private tails: paged_decode_with_lse over plan.decode's private tables  -> out, lse
         each shared prefix: prefix_attention(its rows' queries, its K/V)        -> merged by lse
+      or, on kernel sets with trunk_chunks (the C kernels), each row the bits of its context read alone:
+        each shared prefix, cut at whole chunks: trunk_chunks(its rows' queries, its K/V) -> chunks' partials
+        private tails: paged_decode_with_lse(..., given=those partials)   -> merged in one pass, chunk by chunk
     prefill (every new token queries):
         prompts continuing one cached trunk: the set's cascade_prefill (kernel sets that do it)
         the others: the set's prefill, causal over their own context
@@ -37,7 +40,8 @@ class CascadeBackend:
 
     def plan(self, batch: AttentionBatch) -> None:
         tables, block_size = batch.block_tables, self.kv.block_size
-        decode = plan_decode(tables, batch.context_lens, block_size, self.device, self.min_prefix_tokens)
+        chunk = self.kernels.decode_chunk() if self.kernels.decode_chunk else 1
+        decode = plan_decode(tables, batch.context_lens, block_size, self.device, self.min_prefix_tokens, chunk)
         if not batch.is_prefill:
             batch.plan = StepPlan(decode)
             return
@@ -45,7 +49,7 @@ class CascadeBackend:
         decode_rows = None
         if d:
             decode_rows = plan_decode(tables[:d], batch.context_lens[:d], block_size, self.device,
-                                      self.min_prefix_tokens)
+                                      self.min_prefix_tokens, chunk)
         tables, context_lens, query_lens = tables[d:], batch.context_lens[d:], batch.query_lens[d:]
         block_tables = [torch.tensor(table, dtype=torch.long, device=self.device) for table in tables]
         groups = []
@@ -70,6 +74,8 @@ class CascadeBackend:
 
     def _last_tokens(self, q, k_cache, v_cache, plan: DecodePlan) -> torch.Tensor:
         kernels = self.kernels
+        if plan.prefixes and kernels.trunk_chunks is not None and native_attention.takes_c(q, k_cache, v_cache):
+            return self._with_trunk_chunks(q, k_cache, v_cache, plan)
         out, lse = kernels.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens,
                                                  self.scale)
         for prefix in plan.prefixes:
@@ -80,6 +86,24 @@ class CascadeBackend:
             merged, _ = kernels.merge_attention(shared_out, shared_lse, out[prefix.rows], lse[prefix.rows])
             out[prefix.rows] = merged
         return out.to(q.dtype)
+
+    def _with_trunk_chunks(self, q, k_cache, v_cache, plan: DecodePlan) -> torch.Tensor:
+        batch, heads, dim = q.shape
+        pieces = [(prefix, self.kernels.trunk_chunks(q[prefix.rows], prefix_kv(k_cache, prefix),
+                                                     prefix_kv(v_cache, prefix), self.scale))
+                  for prefix in plan.prefixes]
+        partials = q.new_zeros(batch, max(chunks.shape[1] for _, chunks in pieces), heads, dim + 2)
+        counts = torch.zeros(batch, dtype=torch.int64)
+        for prefix, chunks in pieces:
+            partials[prefix.rows, :chunks.shape[1]] = chunks
+            taken = torch.full((chunks.shape[0],), chunks.shape[1], dtype=torch.int64)
+            if prefix.members is not None:   # rows that do not share the prefix take none of it
+                taken = taken.masked_fill(~prefix.members.cpu(), 0)
+            counts[prefix.rows] = taken
+        given = native_attention.TrunkChunks(partials, counts)
+        out, _ = self.kernels.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens,
+                                                    self.scale, given=given)
+        return out
 
     def _prefill(self, q, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
         """The prompt chunks' rows: those after the decode rows."""

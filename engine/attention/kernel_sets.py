@@ -24,6 +24,9 @@ class AttentionKernels:
     cascade_prefill: Callable | None = None   # prompts continuing one cached trunk read it together; None: not
     prefill_rows: Callable | None = None   # the CPU prefills' rows kernel (native_attention.RowsKernel); None: SDPA
     prefill_rows_bf16: Callable | None = None   # the same in bfloat16 products, for steps in bfloat16; None: none
+    trunk_chunks: Callable | None = None   # a trunk's chunks' partials for paged_decode_with_lse's `given`, so that
+                                           # a row gets the bits of its whole context read alone; None: merged by lse
+    decode_chunk: Callable[[], int] | None = None   # the keys of those chunks: a shared trunk is cut at a multiple
 
 
 REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
@@ -35,7 +38,9 @@ NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_att
                                   native_attention.prefix_attention, native_attention.merge_attention,
                                   cascade_prefill=cascade_prefill.prefill_attention,
                                   prefill_rows=native_attention.RowsKernel(),
-                                  prefill_rows_bf16=native_attention.RowsKernel(bf16=True))
+                                  prefill_rows_bf16=native_attention.RowsKernel(bf16=True),
+                                  trunk_chunks=native_attention.trunk_chunks,
+                                  decode_chunk=native_attention.decode_chunk)
 
 
 def triton_kernels() -> AttentionKernels:

@@ -8,6 +8,7 @@ A `StepPlan` holds both splits of one step, as the backend (engine.attention.cas
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -43,11 +44,14 @@ class StepPlan:
 
 
 def plan_decode(tables: list[list[int]], context_lens: list[int], block_size: int,
-                device: torch.device, min_prefix_tokens: int = MIN_PREFIX_TOKENS) -> DecodePlan:
+                device: torch.device, min_prefix_tokens: int = MIN_PREFIX_TOKENS, chunk: int = 1) -> DecodePlan:
+    """chunk: a shared prefix is cut at a multiple of this many tokens (the decode kernels' chunk, where they
+    give a row the bits of its whole context that way); the rest of it stays in each row's private table."""
+    whole = math.lcm(block_size, chunk) // block_size   # blocks
     skip = [0] * len(tables)
     prefixes = []
     for rows in _groups_by_first_block(tables):
-        shared = _shared_blocks(tables, context_lens, rows, block_size)
+        shared = _shared_blocks(tables, context_lens, rows, block_size) // whole * whole
         if shared * block_size < min_prefix_tokens:
             continue
         for row in rows:

@@ -210,8 +210,8 @@ def bf16_matmul(lib: ctypes.CDLL, pairs: Tensor, panels: Tensor, rows: int, bias
                           _ptr_or_null(bias), out.data_ptr() + 4 * first, out.shape[1], torch.get_num_threads())
 
 
-def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                         lengths: Tensor) -> tuple[Tensor, Tensor]:
+def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor,
+                         given: Tensor | None = None, given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     expect_rank("paged_decode", "q", q, 3)
     batch, heads, dim = q.shape
     expect_rank("paged_decode", "k_cache", k_cache, 4)
@@ -222,16 +222,29 @@ def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tabl
         raise refusal("paged_decode", "block_tables", f"must have a row for each of q's {batch} rows, "
                                                       f"got {block_tables.shape[0]}")
     expect_tensor("paged_decode", "lengths", lengths, (batch,), torch.int64)
+    if (given is None) != (given_chunks is None):
+        raise refusal("paged_decode", "given", "and given_chunks come together")
+    if given is not None:
+        expect_rank("paged_decode", "given", given, 4)
+        expect_tensor("paged_decode", "given", given, (batch, given.shape[1], heads, dim + 2))
+        expect_tensor("paged_decode", "given_chunks", given_chunks, (batch,), torch.int64)
     return q.new_empty(batch, heads, dim), q.new_empty(batch, heads)
 
 
 def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                 lengths: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths)
+                 lengths: Tensor, scale: float, given: Tensor | None = None,
+                 given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """given [batch, width, heads, dim + 2]: the partials of whole chunks before each table (prefix_partials'),
+    given_chunks[b] of them for row b, merged before the row's own chunks."""
+    out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given, given_chunks)
     batch, heads, dim = q.shape
+    width = 0 if given is None else given.shape[1]
+    if given is not None and not bool(((given_chunks >= 0) & (given_chunks <= width)).all()):
+        raise refusal("paged_decode", "given_chunks", f"must each lie in [0, {width}]")
     failed = lib.swarm_paged_decode(q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(),
                                     v_cache.data_ptr(), k_cache.shape[1], block_tables.data_ptr(),
-                                    block_tables.shape[1], lengths.data_ptr(), scale, out.data_ptr(), lse.data_ptr(),
+                                    block_tables.shape[1], lengths.data_ptr(), _ptr_or_null(given),
+                                    _ptr_or_null(given_chunks), width, scale, out.data_ptr(), lse.data_ptr(),
                                     torch.get_num_threads())
     if failed:
         raise MemoryError("paged decode attention could not allocate its scores")
@@ -250,6 +263,26 @@ def prefix_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: f
     if failed:
         raise MemoryError("shared-prefix attention could not allocate its scratch memory")
     return out, lse
+
+
+def prefix_partials_outputs(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+    _expect_rows("prefix_partials", q, k, v)
+    batch, heads, dim = q.shape
+    return q.new_empty(batch, -(-k.shape[0] // chunk), heads, dim + 2)
+
+
+def prefix_partials(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """Each row's attention over a trunk, left as its chunks' partials [batch, chunks, heads, dim + 2] (max, sum,
+    unnormalised output) for paged_decode's given; the last chunk holds what is left of the keys."""
+    partials = prefix_partials_outputs(q, k, v, lib.swarm_prefix_chunk())
+    batch, heads, dim = q.shape
+    rows = torch.arange(batch, dtype=torch.int64)
+    failed = lib.swarm_prefix_partials(q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
+                                       k.shape[0], scale, partials.data_ptr(), rows.data_ptr(), partials.shape[1],
+                                       torch.get_num_threads())
+    if failed:
+        raise MemoryError("shared-prefix attention could not allocate its scratch memory")
+    return partials
 
 
 def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:

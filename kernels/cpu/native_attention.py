@@ -25,7 +25,7 @@ def available() -> bool:
                for source in ("paged_decode", "prefix_attention", "rows_attention"))
 
 
-def _takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the C kernels take these: float32 on a CPU, heads a multiple of 8 wide."""
     return q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and q.shape[-1] % 8 == 0
 
@@ -34,7 +34,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                      library: ctypes.CDLL | None = None):
     """Contract of kernels.reference.cascade_attention.prefix_attention; float32 CPU tensors only, others go
     to the SDPA path. library: tests pass other builds of the kernel."""
-    if not (_takes_c(q, k, v) and len(k) > 0):
+    if not (takes_c(q, k, v) and len(k) > 0):
         return sdpa_attention.prefix_attention(q, k, v, scale)
     return ops.prefix_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, library=library)
 
@@ -47,7 +47,7 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
     bf16: both products in bfloat16 summed in float32 (csrc/rows_attention.c), the rest float32.
     float32 CPU tensors only, others go to the SDPA path. library: tests pass other builds."""
-    if not (_takes_c(q, k, v) and len(k) >= len(q) * causal and len(k) > 0):
+    if not (takes_c(q, k, v) and len(k) >= len(q) * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
     return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, bf16, library=library)
 
@@ -66,7 +66,7 @@ class RowsKernel:
 
     def splits(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Whether `running` and `continued` take these rows over these caches' keys."""
-        return _takes_c(q, k_cache, v_cache)
+        return takes_c(q, k_cache, v_cache)
 
     def running(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Each row's running state over all of k, v: [tokens, heads, dim + 2]."""
@@ -103,14 +103,40 @@ def bf16_products_native() -> bool:
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, lengths: torch.Tensor, scale: float,
-                          library: ctypes.CDLL | None = None):
+                          library: ctypes.CDLL | None = None, given: TrunkChunks | None = None):
     """Contract of kernels.reference.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
-    others go to the SDPA path. library: tests pass other builds of the kernel."""
-    if not (_takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+    others go to the SDPA path. given: the chunks of a trunk before each row's table (trunk_chunks'), merged with
+    the row's own in one pass. library: tests pass other builds of the kernel."""
+    if not (takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        if given is not None:
+            raise ValueError("a trunk's chunks go with the C kernel's float32 CPU tensors")
         return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)
     tables = block_tables.to(torch.int64).contiguous()
+    partials, counts = (None, None) if given is None else (given.partials, given.counts)
     return ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths.to(torch.int64).contiguous(), scale,
-                            library=library)
+                            partials, counts, library=library)
+
+
+@dataclass(frozen=True, slots=True)
+class TrunkChunks:
+    """The partials (max, sum, unnormalised output) of each row's trunk chunks, [batch, chunks, heads, dim + 2], and
+    how many of them each row takes ([batch]; 0 for a row that reads no trunk)."""
+    partials: torch.Tensor
+    counts: torch.Tensor
+
+
+def decode_chunk() -> int:
+    """The keys of one chunk of the decode kernels': a trunk cut at a multiple of it gives each row the bits of its
+    whole context read by paged_decode_with_lse alone."""
+    return entry_points.library("prefix_attention").swarm_prefix_chunk()
+
+
+def trunk_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 library: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Rows q [batch, heads, dim] over a trunk k, v [keys, kv_heads, dim]: each chunk's partials [batch, chunks,
+    heads, dim + 2], with the bits paged_decode_with_lse gives those chunks. Where the trunk is whole chunks
+    (decode_chunk()), a row's attention merged with these gets the bits of its whole context read alone."""
+    return ops.prefix_partials(q.contiguous(), k.contiguous(), v.contiguous(), scale, library=library)
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):

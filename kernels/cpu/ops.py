@@ -1,7 +1,7 @@
 """The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::silu_mul, swarm::quant_matmul,
 swarm::quant_matmul_many, swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight,
-swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::rows_attention,
-swarm::rows_attention_running and swarm::merge_attention, each taking and returning tensors
+swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::prefix_partials,
+swarm::rows_attention, swarm::rows_attention_running and swarm::merge_attention, each taking and returning tensors
 (torch.library.custom_op; quant_dequantize and the bf16 packs and matmul write into their `out`). Their
 arguments are checked at the boundary (kernels.cpu.entry_points), the profiler lists them, and each has a fake
 implementation giving outputs of the right shape and dtype, so torch.compile and graph capture treat them as
@@ -124,8 +124,15 @@ def _bf16_matmul(pairs: Tensor, panels: Tensor, rows: int, bias: Tensor | None, 
 
 @custom_op("swarm::paged_decode", mutates_args=())
 def _paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor,
-                  scale: float) -> tuple[Tensor, Tensor]:
-    return entry_points.paged_decode(built("paged_decode"), q, k_cache, v_cache, block_tables, lengths, scale)
+                  scale: float, given: Tensor | None = None,
+                  given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return entry_points.paged_decode(built("paged_decode"), q, k_cache, v_cache, block_tables, lengths, scale, given,
+                                     given_chunks)
+
+
+@custom_op("swarm::prefix_partials", mutates_args=())
+def _prefix_partials(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    return entry_points.prefix_partials(built("prefix_attention"), q, k, v, scale)
 
 
 @custom_op("swarm::prefix_attention", mutates_args=())
@@ -159,8 +166,11 @@ _bf16_round_rows.register_fake(entry_points.bf16_round_rows_outputs)
 _bf16_pack_weight.register_fake(entry_points.bf16_pack_weight_outputs)
 _bf16_pack_quant.register_fake(entry_points.bf16_pack_quant_outputs)
 _bf16_matmul.register_fake(entry_points.bf16_matmul_outputs)
-_paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale:
-                            entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths))
+_paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale, given=None, given_chunks=None:
+                            entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given,
+                                                              given_chunks))
+_prefix_partials.register_fake(lambda q, k, v, scale: entry_points.prefix_partials_outputs(
+    q, k, v, built("prefix_attention").swarm_prefix_chunk()))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
 _rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None:
                               entry_points.rows_attention_outputs(q, k, v, causal))
@@ -180,6 +190,7 @@ bf16_pack_quant = Kernel(_bf16_pack_quant, entry_points.bf16_pack_quant, "bf16_m
 bf16_matmul = Kernel(_bf16_matmul, entry_points.bf16_matmul, "bf16_matmul")
 paged_decode = Kernel(_paged_decode, entry_points.paged_decode, "paged_decode")
 prefix_attention = Kernel(_prefix_attention, entry_points.prefix_attention, "prefix_attention")
+prefix_partials = Kernel(_prefix_partials, entry_points.prefix_partials, "prefix_attention")
 rows_attention = Kernel(_rows_attention, entry_points.rows_attention, "rows_attention")
 rows_attention_running = Kernel(_rows_attention_running, entry_points.rows_attention_running, "rows_attention")
 merge_attention = Kernel(_merge_attention, entry_points.merge_attention, "prefix_attention")

@@ -105,7 +105,7 @@ def test_stacked_steps_read_a_shared_trunk_as_the_cascade_does(tiny_model_dir, v
     trunk_reads = []
     trunks = fused_decode._trunks
     monkeypatch.setattr(fused_decode, "_trunks", lambda plan: trunk_reads.append(len(plan.prefixes)) or trunks(plan))
-    trunk = prompts_of([150], seed=3)[0]
+    trunk = prompts_of([300], seed=3)[0]   # past a chunk of the C decode kernels', where they cut a trunk
     prompts = [trunk + suffix for suffix in prompts_of([3, 20, 9], seed=4)] + prompts_of([40], seed=6)
     options = EngineOptions(kv_budget_tokens=4096, weights="q8_0")
     params = SamplingParams(max_tokens=10, ignore_eos=True)

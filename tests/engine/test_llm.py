@@ -42,6 +42,27 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
     assert all(o.num_cached_tokens == 0 for o in without)
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, variant):
+    """A trunk past a chunk of the C kernels' attention (kernels.cpu.native_attention.decode_chunk), read once for
+    the agents that share it: every logit of every step has the bits of sharing off, and of each agent alone."""
+    from engine.llm_engine import EngineOptions, LLMEngine
+    from tests.helpers.engine_runs import run_with_logits
+
+    folder = str(tiny_model_dir(variant))
+    _, prompts = swarm_prompts(trunk_len=300, suffix_len=7, agents=4, seed=5)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    shared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1"))
+    assert shared.runner.attention.kernels.name == "native"
+    together, _ = run_with_logits(shared, prompts, params)
+    unshared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1", enable_prefix_caching=False))
+    runs = [together, run_with_logits(unshared, prompts, params)[0],
+            [run_with_logits(unshared, [p], params)[0][0] for p in prompts]]
+    for run in runs[1:]:
+        for (tokens, logits), (want_tokens, want_logits) in zip(run, together):
+            assert tokens == want_tokens and torch.equal(logits, want_logits)
+
+
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_prompts_arriving_beside_decoding_agents_run_in_mixed_steps_with_the_tokens_they_get_alone(
         tiny_model_dir, variant):

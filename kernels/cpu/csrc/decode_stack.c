@@ -1,7 +1,8 @@
 /* Every layer of a decode step in one call, for float32 rows against weights in GGUF blocks: each layer's three
  * calls (decode_layer.c) around its attention over the paged KV pool, that attention as the cascade backend
- * runs it (engine/attention/cascade.py: each row's private tail through paged_decode.c, each shared trunk
- * through prefix_attention.c, merged by log-sum-exp), and silu(gate) * up between (layer_rows.h). The Python
+ * runs it (engine/attention/cascade.py: each shared trunk's chunks through prefix_attention.c, then each row's
+ * private tail through paged_decode.c, which merges the trunk's chunks with its own), and silu(gate) * up
+ * between (layer_rows.h). The Python
  * around those calls (the backend, checks, outputs) cost about 4 ms of a 19 ms SmolLM2 step.
  *
  * The same functions run in the same order on the same operands as the layer-by-layer path, so a row gets the
@@ -41,13 +42,23 @@ typedef struct {
 } swarm_decode_batch;
 
 typedef struct {   /* one step's buffers, carved from one allocation */
-    float *scratch, *q, *k, *v, *attended, *lse, *h, *gate, *up, *next;
-    float *prefix_q, *prefix_out, *prefix_lse, *tail_out, *tail_lse, *prefix_k, *prefix_v;
+    float *scratch, *q, *k, *v, *attended, *lse, *h, *gate, *up, *next, *prefix_q, *given, *prefix_k, *prefix_v;
+    int64_t *given_chunks, given_width;   /* [rows]: the trunk's chunks each row takes; the most of them */
 } Buffers;
 
 static int64_t prefix_rows(const swarm_decode_batch *b) {
     int64_t most = 0;
     for (int64_t p = 0; p < b->prefix_count; p++) most = b->prefixes[p].count > most ? b->prefixes[p].count : most;
+    return most;
+}
+
+/* the chunks of the longest trunk */
+static int64_t given_width(const swarm_decode_stack *s, const swarm_decode_batch *b) {
+    int64_t most = 0, chunk = swarm_prefix_chunk();
+    for (int64_t p = 0; p < b->prefix_count; p++) {
+        const int64_t chunks = (b->prefixes[p].num_blocks * s->block_size + chunk - 1) / chunk;
+        most = chunks > most ? chunks : most;
+    }
     return most;
 }
 
@@ -66,24 +77,37 @@ static float *carve(float **next, int64_t floats) {
     return start;
 }
 
+/* each row's count of its trunk's chunks: those of the trunk it reads, 0 for the others */
+static void count_given(const swarm_decode_stack *s, const swarm_decode_batch *b, int64_t *given_chunks) {
+    const int64_t chunk = swarm_prefix_chunk();
+    memset(given_chunks, 0, sizeof(int64_t) * (size_t)b->rows);
+    for (int64_t p = 0; p < b->prefix_count; p++) {
+        const swarm_step_prefix *prefix = b->prefixes + p;
+        for (int64_t i = 0; i < prefix->count; i++)
+            if (!prefix->members || prefix->members[i])
+                given_chunks[prefix->rows[i]] = (prefix->num_blocks * s->block_size + chunk - 1) / chunk;
+    }
+}
+
 static float *allocate(const swarm_decode_stack *s, const swarm_decode_batch *b, Buffers *f) {
     const swarm_decode_layer *l = s->layers;
     const int64_t rows = b->rows, hidden = l->hidden, q_width = l->heads * l->head_dim;
     const int64_t kv_width = l->kv_heads * l->head_dim, inter = l->gate_up->N[0], shared = prefix_rows(b);
-    const int64_t gathered = gathered_floats(b, s->block_size * kv_width);
-    const int64_t total = rows * (4 * hidden + 2 * q_width + 2 * kv_width + l->heads + 2 * inter)
-                          + shared * (3 * q_width + 2 * l->heads) + 2 * gathered;
+    const int64_t gathered = gathered_floats(b, s->block_size * kv_width), width = given_width(s, b);
+    const int64_t given = rows * width * l->heads * (l->head_dim + 2);
+    const int64_t total = rows * (4 * hidden + 2 * q_width + 2 * kv_width + l->heads + 2 * inter + 2)
+                          + shared * q_width + given + 2 * gathered;
     float *all = malloc(sizeof(float) * (size_t)(total + 1)), *next = all;
     if (!all) return NULL;
+    f->given_chunks = (int64_t *)carve(&next, 2 * rows), f->given_width = width;   /* first: aligned for int64 */
     f->scratch = carve(&next, rows * hidden), f->h = carve(&next, rows * hidden);
     f->next = carve(&next, rows * hidden), f->q = carve(&next, rows * q_width);
     f->attended = carve(&next, rows * q_width), f->k = carve(&next, rows * kv_width);
     f->v = carve(&next, rows * kv_width), f->lse = carve(&next, rows * l->heads);
     f->gate = carve(&next, rows * inter), f->up = carve(&next, rows * inter);
-    f->prefix_q = carve(&next, shared * q_width), f->prefix_out = carve(&next, shared * q_width);
-    f->tail_out = carve(&next, shared * q_width), f->prefix_lse = carve(&next, shared * l->heads);
-    f->tail_lse = carve(&next, shared * l->heads);
+    f->prefix_q = carve(&next, shared * q_width), f->given = carve(&next, given);
     f->prefix_k = carve(&next, gathered), f->prefix_v = carve(&next, gathered);
+    count_given(s, b, f->given_chunks);
     return all;
 }
 
@@ -104,30 +128,16 @@ static const float *trunk_of(const float *cache, const swarm_step_prefix *p, int
     return into;
 }
 
-/* the rows of p read their trunk, and each one's attention so far (its private tail's) takes that in by
-   log-sum-exp, as CascadeBackend._last_tokens does */
-static int add_trunk(const swarm_decode_stack *s, const swarm_decode_layer *l, int64_t layer,
-                     const swarm_step_prefix *p, Buffers *f, int threads) {
-    const int64_t heads = l->heads, q_width = heads * l->head_dim, n = p->count;
-    const int64_t block_floats = s->block_size * l->kv_heads * l->head_dim;
-    for (int64_t i = 0; i < n; i++) {
+/* the chunks' partials of the trunk p's rows read, into each one's part of f->given */
+static int trunk_chunks(const swarm_decode_stack *s, const swarm_decode_layer *l, int64_t layer,
+                        const swarm_step_prefix *p, Buffers *f, int threads) {
+    const int64_t q_width = l->heads * l->head_dim, block_floats = s->block_size * l->kv_heads * l->head_dim;
+    for (int64_t i = 0; i < p->count; i++)
         memcpy(f->prefix_q + i * q_width, f->q + p->rows[i] * q_width, sizeof(float) * (size_t)q_width);
-        memcpy(f->tail_out + i * q_width, f->attended + p->rows[i] * q_width, sizeof(float) * (size_t)q_width);
-        memcpy(f->tail_lse + i * heads, f->lse + p->rows[i] * heads, sizeof(float) * (size_t)heads);
-    }
     const float *k = trunk_of(s->k_caches[layer], p, block_floats, f->prefix_k);
     const float *v = trunk_of(s->v_caches[layer], p, block_floats, f->prefix_v);
-    if (swarm_prefix_attention(f->prefix_q, n, heads, l->kv_heads, l->head_dim, k, v, p->num_blocks * s->block_size,
-                               s->scale, f->prefix_out, f->prefix_lse, threads))
-        return -1;
-    for (int64_t i = 0; i < n; i++)   /* rows that do not share the trunk take none of it */
-        if (p->members && !p->members[i])
-            for (int64_t h = 0; h < heads; h++) f->prefix_lse[i * heads + h] = -INFINITY;
-    swarm_merge_attention(f->prefix_out, f->prefix_lse, f->tail_out, f->tail_lse, n * heads, l->head_dim,
-                          f->prefix_out, f->prefix_lse);
-    for (int64_t i = 0; i < n; i++)
-        memcpy(f->attended + p->rows[i] * q_width, f->prefix_out + i * q_width, sizeof(float) * (size_t)q_width);
-    return 0;
+    return swarm_prefix_partials(f->prefix_q, p->count, l->heads, l->kv_heads, l->head_dim, k, v,
+                                 p->num_blocks * s->block_size, s->scale, f->given, p->rows, f->given_width, threads);
 }
 
 /* one layer: x [rows, hidden] -> f->next; its new K and V written */
@@ -137,11 +147,12 @@ static int layer_step(const swarm_decode_stack *s, int64_t layer, const swarm_de
     const int64_t rows = b->rows, kv_width = l->kv_heads * l->head_dim;
     if (swarm_decode_attention_in(l, x, rows, b->cos, b->sin, f->scratch, f->q, f->k, f->v, threads)) return -1;
     write_kv(s->k_caches[layer], s->v_caches[layer], f->k, f->v, b->slots, rows, kv_width);
-    if (swarm_paged_decode(f->q, rows, l->heads, l->kv_heads, l->head_dim, s->k_caches[layer], s->v_caches[layer],
-                           s->block_size, b->tables, b->width, b->lengths, s->scale, f->attended, f->lse, threads))
-        return -1;
     for (int64_t p = 0; p < b->prefix_count; p++)
-        if (add_trunk(s, l, layer, b->prefixes + p, f, threads)) return -1;
+        if (trunk_chunks(s, l, layer, b->prefixes + p, f, threads)) return -1;
+    if (swarm_paged_decode(f->q, rows, l->heads, l->kv_heads, l->head_dim, s->k_caches[layer], s->v_caches[layer],
+                           s->block_size, b->tables, b->width, b->lengths, f->given, f->given_chunks, f->given_width,
+                           s->scale, f->attended, f->lse, threads))
+        return -1;
     swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads);
     silu_mul_run(f->gate, f->up, rows * l->gate_up->N[0], f->gate);
     swarm_decode_mlp_out(l, f->h, f->gate, rows, f->next, threads);

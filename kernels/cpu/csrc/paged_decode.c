@@ -5,7 +5,9 @@
  * A sequence's context is cut into chunks of CHUNK tokens, one task per (sequence, chunk), every
  * KV head: each head's query groups are scored against KEYS keys at a time as they are read, so
  * grouped-query attention reads K and V once, and each group's partial softmax (max, sum,
- * unnormalised output) is kept. The partials are then merged by log-sum-exp in chunk order. Chunks follow from the
+ * unnormalised output) is kept, in decode_scores.h's arithmetic. The partials are then merged by log-sum-exp in
+ * chunk order, after those of a shared trunk's chunks where they are given (prefix_attention.c computes them in
+ * the same arithmetic): a row gets the same bits with its trunk shared or read here. Chunks follow from the
  * sequence's length alone, so its result does not depend on what it is batched with; and a long
  * context keeps every thread busy even for one sequence (SmolLM2, one agent at 2,112 tokens:
  * 3 tasks a layer for 2 threads before, 27 now).
@@ -16,81 +18,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX2__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 #include "attention_tiles.h"
+#include "decode_scores.h"
 #include "paged_decode.h"
 #include "task_pool.h"
 
 #define CHUNK 256   /* tokens a task */
-#define KEYS 8      /* tokens scored at once: their sums side by side, then reduced together */
+#define KEYS DECODE_KEYS
 #define VALUE_SPAN 4    /* tokens a pass of the values: fewer stores than one a token, and a small batch of
                            prefetches (a SmolLM2 layer streamed, 2,112 tokens: 1 -> 189 us, 4 -> 137, 32 -> 241) */
 #define GROUP_TILE 4    /* query groups whose sums stay in registers */
 #define AHEAD 2         /* groups of KEYS tokens: the keys prefetched, into L2 (L1: 0.8x the speed) */
-
-typedef float v8 __attribute__((vector_size(32)));
-
-static inline v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-
-/* a * b + c, fused where the machine has FMA (every build on it alike), else rounded twice */
-static inline v8 fma8(v8 a, v8 b, v8 c) {
-#if defined(__FMA__)
-    return (v8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-    return a * b + c;
-#endif
-}
-
-/* the sums of the 8 lanes of each of 8 vectors, as one vector: lanes paired, then pairs, then halves */
-static inline v8 sums_of_8(const v8 *acc) {
-#if defined(__AVX2__)
-    const __m256 a = _mm256_hadd_ps((__m256)acc[0], (__m256)acc[1]), b = _mm256_hadd_ps((__m256)acc[2], (__m256)acc[3]);
-    const __m256 c = _mm256_hadd_ps((__m256)acc[4], (__m256)acc[5]), d = _mm256_hadd_ps((__m256)acc[6], (__m256)acc[7]);
-    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-    return (v8)_mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
-#else
-    v8 out;
-    for (int i = 0; i < 8; i++) {
-        const v8 x = acc[i];
-        out[i] = (((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7])));
-    }
-    return out;
-#endif
-}
-
-/* the largest of s[0 .. n), 8 lanes at a time and then across the lanes */
-static inline float max_of(const float *s, int64_t n) {
-    float top = -INFINITY;
-    int64_t i = 0;
-#if defined(__AVX2__)
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, m);
-    for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
-#endif
-    for (; i < n; i++) top = s[i] > top ? s[i] : top;
-    return top;
-}
-
-/* the sum of s[0 .. n), in 8 lanes and then across them */
-static inline float sum_of(const float *s, int64_t n) {
-    v8 acc = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc += load8(s + i);
-    float total = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; i < n; i++) total += s[i];
-    return total;
-}
 
 /* the tokens of sequence b's context: its length, at most what its table holds (as the oracle) */
 static inline int64_t context_of(const int64_t *lengths, int64_t b, int64_t width, int64_t block_size) {
@@ -119,20 +57,6 @@ static void token_rows(const Problem *p, int64_t b, int64_t first, int64_t n, in
 static inline void prefetch_rows(const float *cache, const int64_t *rows, int64_t count, int64_t row) {
     for (int64_t i = 0; i < count; i++)
         for (int64_t f = 0; f < row; f += 16) __builtin_prefetch(cache + rows[i] + f, 0, 2);
-}
-
-/* scores[g * CHUNK + i] = scale * (q[g] . key i) for KEYS keys (keys[i]: key i's row of one KV head) and the
-   head's query groups q; each dot product in 8 lanes, then the lanes of the KEYS keys summed together */
-static inline void score_keys(const float *q, int64_t groups, const float *const *keys, int64_t dim, float scale,
-                              float *scores) {
-    for (int64_t g = 0; g < groups; g++) {
-        v8 acc[KEYS] = {{0}};
-        for (int64_t d = 0; d < dim; d += 8) {
-            const v8 query = load8(q + g * dim + d);
-            for (int i = 0; i < KEYS; i++) acc[i] = fma8(load8(keys[i] + d), query, acc[i]);
-        }
-        store8(scores + g * CHUNK, sums_of_8(acc) * scale);
-    }
 }
 
 /* out[g][d .. d + 8 W) += probs[g * CHUNK + t] * (token t's value row at v + rows[t])[d .. d + 8 W), for the
@@ -191,7 +115,7 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
         for (int64_t h = 0; h < p->kv_heads; h++) {
             const float *keys[KEYS];
             for (int i = 0; i < KEYS; i++) keys[i] = p->k_cache + rows[t + i] + h * dim;
-            score_keys(q + h * groups * dim, groups, keys, dim, p->scale, probs + h * groups * CHUNK + t);
+            score_keys(q + h * groups * dim, groups, keys, dim, p->scale, probs + h * groups * CHUNK + t, CHUNK);
         }
     }
     for (int64_t head = 0; head < p->heads; head++) {
@@ -213,62 +137,94 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
 
 typedef struct {
     const Problem *p;
-    const int64_t *lengths, *first_chunk, *owner;
-    float *partials, *probs;   /* probs: heads x CHUNK scores for each thread */
+    const int64_t *lengths, *owner, *first, *slot;   /* each task's sequence, first token and slot in partials */
+    float *partials, *probs;                          /* probs: each thread's chunk_task scratch */
 } Chunks;
 
-static void chunk_of(void *context, int64_t c, int slot) {
+static void chunk_of(void *context, int64_t task, int slot) {
     const Chunks *t = context;
     const Problem *p = t->p;
-    const int64_t b = t->owner[c], first = (c - t->first_chunk[b]) * CHUNK;
-    const int64_t len = context_of(t->lengths, b, p->width, p->block_size);
+    const int64_t b = t->owner[task], first = t->first[task], len = context_of(t->lengths, b, p->width, p->block_size);
     chunk_task(p, b, first, len - first < CHUNK ? len - first : CHUNK, t->probs + slot * p->heads * CHUNK,
-               t->partials + c * p->heads * (p->dim + 2));
+               t->partials + t->slot[task] * p->heads * (p->dim + 2));
 }
 
-/* every chunk's task on the pool's threads, then every query head's merge (a few µs: not worth waking
-   them again); nonzero when scratch memory ran out */
-static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, const int64_t *first_chunk,
-                     const int64_t *owner, float *partials, float *out, float *lse, int threads) {
+typedef struct {      /* where each sequence's chunks go */
+    int64_t *first_slot;               /* [batch + 1]: sequence b's partials are slots first_slot[b] .. [b + 1] */
+    int64_t *owner, *first, *slot;     /* per task (a chunk of a sequence's own tokens) */
+    int64_t tasks;
+} Layout;
+
+static int lay_out(Layout *l, int64_t batch, const int64_t *lengths, const int64_t *given_chunks, int64_t width,
+                   int64_t block_size) {
+    l->first_slot = malloc(sizeof(int64_t) * (size_t)(batch + 1));
+    l->tasks = 0;
+    if (!l->first_slot) return -1;
+    l->first_slot[0] = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t len = context_of(lengths, b, width, block_size), own = len > 0 ? (len + CHUNK - 1) / CHUNK : 0;
+        l->first_slot[b + 1] = l->first_slot[b] + (given_chunks ? given_chunks[b] : 0) + own;
+        l->tasks += own;
+    }
+    l->owner = malloc(sizeof(int64_t) * (size_t)(3 * l->tasks + 1));
+    if (!l->owner) return -1;
+    l->first = l->owner + l->tasks, l->slot = l->first + l->tasks;
+    int64_t task = 0;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t s = l->first_slot[b] + (given_chunks ? given_chunks[b] : 0), i = 0; s < l->first_slot[b + 1];
+             s++, i++, task++)
+            l->owner[task] = b, l->first[task] = i * CHUNK, l->slot[task] = s;
+    return 0;
+}
+
+/* each sequence's given partials into its first slots */
+static void copy_given(const Layout *l, int64_t batch, const float *given, const int64_t *given_chunks,
+                       int64_t given_width, int64_t part, float *partials) {
+    for (int64_t b = 0; b < batch && given; b++)
+        memcpy(partials + l->first_slot[b] * part, given + b * given_width * part,
+               sizeof(float) * (size_t)(given_chunks[b] * part));
+}
+
+/* every chunk's task on the pool's threads, then every query head's merge of all its chunks in order (a few
+   µs: not worth waking them again); nonzero when scratch memory ran out */
+static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, const Layout *l, float *partials,
+                     float *out, float *lse, int threads) {
     const int64_t part = p->heads * (p->dim + 2), dim = p->dim;
     if (threads < 1) threads = 1;
     float *probs = malloc(sizeof(float) * (size_t)(threads * p->heads * CHUNK));
     if (!probs) return 1;
-    Chunks tasks = {p, lengths, first_chunk, owner, partials, probs};
-    swarm_pool_run(chunk_of, &tasks, first_chunk[batch], threads);
+    Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs};
+    swarm_pool_run(chunk_of, &tasks, l->tasks, threads);
     free(probs);
     for (int64_t head = 0; head < batch * p->heads; head++) {
         const int64_t b = head / p->heads;
-        merge_chunks(partials + first_chunk[b] * part + head % p->heads * (dim + 2),
-                     first_chunk[b + 1] - first_chunk[b], part, dim, out + head * dim, lse + head);
+        merge_chunks(partials + l->first_slot[b] * part + head % p->heads * (dim + 2),
+                     l->first_slot[b + 1] - l->first_slot[b], part, dim, out + head * dim, lse + head);
     }
     return 0;
 }
 
 /* q: [batch, heads, dim]; k_cache, v_cache: [blocks, block_size, kv_heads, dim]; tables:
  * [batch, width] block ids; lengths: [batch]; out: [batch, heads, dim]; lse: [batch, heads].
- * dim is a multiple of 8. A sequence of length 0 gets out = 0 and lse = -inf. Returns -1 when
+ * given (or NULL): [batch, given_width, heads, dim + 2], the partials (max, sum, unnormalised output) of whole
+ * chunks before each table's first token, computed elsewhere (swarm_prefix_partials, for a shared trunk):
+ * sequence b's first given_chunks[b] are merged with its own, before them, as if its table held their tokens.
+ * dim is a multiple of 8. A sequence with no tokens gets out = 0 and lse = -inf. Returns -1 when
  * scratch memory runs out. */
 int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
                        const float *k_cache, const float *v_cache, int64_t block_size, const int64_t *tables,
-                       int64_t width, const int64_t *lengths, float scale, float *out, float *lse, int threads) {
+                       int64_t width, const int64_t *lengths, const float *given, const int64_t *given_chunks,
+                       int64_t given_width, float scale, float *out, float *lse, int threads) {
     const Problem p = {q, k_cache, v_cache, tables, heads, kv_heads, heads / kv_heads, dim, block_size, width, scale};
-    int64_t *first_chunk = malloc(sizeof(int64_t) * (size_t)(batch + 1));   /* each sequence's first chunk */
-    if (!first_chunk) return -1;
-    first_chunk[0] = 0;
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t len = context_of(lengths, b, width, block_size);
-        first_chunk[b + 1] = first_chunk[b] + (len > 0 ? (len + CHUNK - 1) / CHUNK : 0);
-    }
-    const int64_t chunks = first_chunk[batch];
-    float *partials = malloc(sizeof(float) * (size_t)(chunks * heads * (dim + 2) + 1));
-    int64_t *owner = malloc(sizeof(int64_t) * (size_t)(chunks + 1));    /* the sequence of each chunk */
-    int failed = !partials || !owner;
-    for (int64_t b = 0; b < batch && !failed; b++)
-        for (int64_t c = first_chunk[b]; c < first_chunk[b + 1]; c++) owner[c] = b;
-    failed = failed || run_tasks(&p, batch, lengths, first_chunk, owner, partials, out, lse, threads);
-    free(first_chunk);
+    const int64_t part = heads * (dim + 2);
+    Layout l = {0};
+    int failed = lay_out(&l, batch, lengths, given ? given_chunks : NULL, width, block_size);
+    float *partials = failed ? NULL : malloc(sizeof(float) * (size_t)(l.first_slot[batch] * part + 1));
+    failed = failed || !partials;
+    if (!failed) copy_given(&l, batch, given, given_chunks, given_width, part, partials);
+    failed = failed || run_tasks(&p, batch, lengths, &l, partials, out, lse, threads);
+    free(l.first_slot);
+    free(l.owner);
     free(partials);
-    free(owner);
     return failed ? -1 : 0;
 }

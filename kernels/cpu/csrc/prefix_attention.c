@@ -6,12 +6,13 @@
  * the prefix is cut into chunks of keys, one task per chunk, every KV head in turn, where there are chunks for
  * each thread to take two (the chunk's keys and values then stream front to back: 8 rows over a 2,048-token
  * trunk from memory, 0.85-0.96 of the time of a task a head), else one per (KV head, chunk):
- *     S^T = K Q^T * scale, P^T = exp(S^T - column max), O = P V
- * in register tiles (kernels/cpu/csrc/attention_tiles.h), with K and V read in place from the cache. The tasks'
- * partial softmaxes are merged by log-sum-exp in a fixed chunk order, and every sum runs in an
- * order fixed by the prefix length alone: a row's result does not depend on which rows it is
- * batched with. SmolLM2, 8 rows over 2,048 tokens, 2 threads: 285 us a layer, against 520 us
- * for torch's fused (flash) kernel.
+ *     S = Q K^T * scale, P = exp(S - row max), O = P V
+ * the scores and softmax as paged_decode.c computes them (decode_scores.h: 8 keys at a time, each row's dot
+ * products in 8 lanes over the dims), the outputs in register tiles (attention_tiles.h), with K and V read in
+ * place from the cache. So a chunk of the trunk gets the bits paged_decode.c gives it, and a row that reads the
+ * trunk shared gets those of its whole context read alone (swarm_prefix_partials). The tasks' partial softmaxes
+ * are merged by log-sum-exp in a fixed chunk order, and every sum runs in an order fixed by the prefix length
+ * alone: a row's result does not depend on which rows it is batched with.
  * Built by kernels/cpu/native.py; called through ctypes from kernels/cpu/native_attention.py.
  */
 #include <math.h>
@@ -25,32 +26,40 @@
 #define CHUNK 256     /* keys per task: 8 tasks per KV head at a 2,048-token trunk */
 
 typedef struct {
-    int64_t rows;         /* query rows for one KV head: batch * groups */
-    int64_t padded_rows;  /* rows rounded up to 8 */
+    int64_t rows;     /* query rows for one KV head: batch * groups */
     int64_t dim;
     int64_t stride;   /* floats from one key's (or value's) row to the next's */
 } Shape;
 
 #include "attention_tiles.h"
+#include "decode_scores.h"
 
-/* One chunk of n keys for one KV head: partial[row] = (max, sum, unnormalised output [dim]).
-   Scores are kept transposed, st [n x padded rows], so no operand needs transposing: keys and
-   values are read in place, the queries come transposed (qt [dim x padded rows]). */
-static void chunk_attention(const float *qt, const float *k, const float *v, Shape s, int64_t n, float scale,
-                            float *st, float *sums, float *partial) {
-    const int64_t cols = s.padded_rows;
-    matmul(k, s.stride, 1, qt, cols, n, s.dim, cols, st, cols, scale);
-    softmax_columns(st, n, cols, sums, sums + cols);
-    chunk_partial(st, sums, v, s.stride, s.rows, cols, n, s.dim, partial);
+/* One chunk of n keys for one KV head: partial[row] = (max, sum, unnormalised output [dim]) of the rows' queries
+   q [rows x dim]; scores is scratch for rows x CHUNK. */
+static void chunk_attention(const float *q, const float *k, const float *v, Shape s, int64_t n, float scale,
+                            float *scores, float *partial) {
+    for (int64_t t = 0; t < n; t += DECODE_KEYS) {   /* past n, the last key again (as paged_decode.c) */
+        const float *keys[DECODE_KEYS];
+        for (int i = 0; i < DECODE_KEYS; i++) keys[i] = k + (t + i < n ? t + i : n - 1) * s.stride;
+        score_keys(q, s.rows, keys, s.dim, scale, scores + t, CHUNK);
+    }
+    for (int64_t r = 0; r < s.rows; r++) {
+        float *row = scores + r * CHUNK;
+        const float top = max_of(row, n);
+        exp_shifted(row, n, top);
+        partial[r * (s.dim + 2)] = top;
+        partial[r * (s.dim + 2) + 1] = sum_of(row, n);
+    }
+    matmul(scores, CHUNK, 1, v, s.stride, s.rows, n, s.dim, partial + 2, s.dim + 2, 1.0f);
 }
 
 typedef struct {
-    const float *queries_t, *k, *v;
+    const float *queries, *k, *v;   /* queries: [kv_heads, rows, dim] */
     Shape s;
     int64_t kv_heads, chunks, keys;
-    int whole_chunks;              /* a task: a chunk, every KV head; else one KV head of one chunk */
+    int whole_chunks;               /* a task: a chunk, every KV head; else one KV head of one chunk */
     float scale;
-    float *partials, *st, *sums;   /* st, sums: each thread's scratch */
+    float *partials, *scores;       /* scores: each thread's scratch */
 } Chunks;
 
 /* KV head h's part of chunk c */
@@ -58,9 +67,8 @@ static void head_of_chunk(const Chunks *t, int64_t h, int64_t c, int slot) {
     const Shape s = t->s;
     const int64_t first = c * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
     const int64_t at = first * s.stride + h * s.dim;
-    chunk_attention(t->queries_t + h * s.dim * s.padded_rows, t->k + at, t->v + at, s, n, t->scale,
-                    t->st + slot * CHUNK * s.padded_rows, t->sums + slot * 2 * s.padded_rows,
-                    t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2));
+    chunk_attention(t->queries + h * s.rows * s.dim, t->k + at, t->v + at, s, n, t->scale,
+                    t->scores + slot * s.rows * CHUNK, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2));
 }
 
 static void chunk_of(void *context, int64_t task, int slot) {
@@ -72,21 +80,36 @@ static void chunk_of(void *context, int64_t task, int slot) {
 }
 
 /* every (KV head, chunk) task on the pool's threads; nonzero when scratch memory ran out */
-static int run_chunks(const float *queries_t, const float *k, const float *v, Shape s, int64_t kv_heads,
+static int run_chunks(const float *queries, const float *k, const float *v, Shape s, int64_t kv_heads,
                       int64_t keys, float scale, float *partials, int threads) {
     const int64_t chunks = (keys + CHUNK - 1) / CHUNK;
     if (threads < 1) threads = 1;
-    float *st = malloc(sizeof(float) * (size_t)(threads * CHUNK * s.padded_rows));
-    float *sums = malloc(sizeof(float) * (size_t)(threads * 2 * s.padded_rows));
-    const int failed = !st || !sums;
-    if (!failed) {
-        const int whole = chunks >= 2 * threads;
-        Chunks tasks = {queries_t, k, v, s, kv_heads, chunks, keys, whole, scale, partials, st, sums};
-        swarm_pool_run(chunk_of, &tasks, whole ? chunks : kv_heads * chunks, threads);
-    }
-    free(st);
-    free(sums);
-    return failed;
+    float *scores = malloc(sizeof(float) * (size_t)(threads * s.rows * CHUNK));
+    if (!scores) return 1;
+    const int whole = chunks >= 2 * threads;
+    Chunks tasks = {queries, k, v, s, kv_heads, chunks, keys, whole, scale, partials, scores};
+    swarm_pool_run(chunk_of, &tasks, whole ? chunks : kv_heads * chunks, threads);
+    free(scores);
+    return 0;
+}
+
+/* every KV head's chunks' partials for q's rows: [kv_heads, chunks, batch * groups, dim + 2] (row (b, g) of head h:
+   query head h * groups + g of row b), allocated; NULL when memory runs out */
+static float *trunk_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                             const float *k, const float *v, int64_t keys, float scale, int threads) {
+    const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
+    const Shape s = {rows, dim, kv_heads * dim};
+    float *queries = malloc(sizeof(float) * (size_t)(kv_heads * rows * dim));
+    float *partials = malloc(sizeof(float) * (size_t)(kv_heads * chunks * rows * (dim + 2)));
+    int failed = !queries || !partials;
+    for (int64_t h = 0; h < kv_heads && !failed; h++)     /* row (b, g) of head h: query head h * groups + g */
+        for (int64_t row = 0; row < rows; row++)
+            memcpy(queries + (h * rows + row) * dim, q + (row / groups * heads + h * groups + row % groups) * dim,
+                   sizeof(float) * (size_t)dim);
+    failed = failed || run_chunks(queries, k, v, s, kv_heads, keys, scale, partials, threads);
+    free(queries);
+    if (failed) free(partials);
+    return failed ? NULL : partials;
 }
 
 /* q: [batch, heads, dim]; k, v: [keys, kv_heads, dim] (keys >= 1); out: [batch, heads, dim];
@@ -95,26 +118,42 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
                            const float *k, const float *v, int64_t keys, float scale, float *out, float *lse,
                            int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
-    const Shape s = {rows, (rows + 7) / 8 * 8, dim, kv_heads * dim};
-    float *queries_t = calloc((size_t)(kv_heads * dim * s.padded_rows), sizeof(float));
-    float *partials = malloc(sizeof(float) * (size_t)(kv_heads * chunks * rows * (dim + 2)));
-    int failed = !queries_t || !partials;
-    for (int64_t h = 0; h < kv_heads && !failed; h++)     /* row (b, g) of head h: query head h * groups + g */
-        for (int64_t row = 0; row < rows; row++) {
-            const float *query = q + (row / groups * heads + h * groups + row % groups) * dim;
-            for (int64_t d = 0; d < dim; d++) queries_t[(h * dim + d) * s.padded_rows + row] = query[d];
-        }
-    failed = failed || run_chunks(queries_t, k, v, s, kv_heads, keys, scale, partials, threads);
-    for (int64_t h = 0; h < kv_heads && !failed; h++)
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, scale, threads);
+    if (!partials) return -1;
+    for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t row = 0; row < rows; row++) {
             const int64_t head = row / groups * heads + h * groups + row % groups;
             merge_chunks(partials + h * chunks * rows * (dim + 2) + row * (dim + 2), chunks, rows * (dim + 2), dim,
                          out + head * dim, lse + head);
         }
-    free(queries_t);
     free(partials);
-    return failed ? -1 : 0;
+    return 0;
 }
+
+/* The same rows' attention over the trunk, left as each chunk's partial (max, sum, unnormalised output) for
+ * swarm_paged_decode's `given`: row b's go to given[given_rows[b]] ([given_width, heads, dim + 2], chunk by chunk).
+ * With keys a multiple of swarm_prefix_chunk(), a row gets the bits of its whole context read by
+ * swarm_paged_decode alone. Returns -1 when memory runs out. */
+int swarm_prefix_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                          const float *k, const float *v, int64_t keys, float scale, float *given,
+                          const int64_t *given_rows, int64_t given_width, int threads) {
+    const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
+    const int64_t part = dim + 2;
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, scale, threads);
+    if (!partials) return -1;
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t c = 0; c < chunks; c++)
+            for (int64_t row = 0; row < rows; row++) {
+                const int64_t b = row / groups, head = h * groups + row % groups;
+                memcpy(given + ((given_rows[b] * given_width + c) * heads + head) * part,
+                       partials + ((h * chunks + c) * rows + row) * part, sizeof(float) * (size_t)part);
+            }
+    free(partials);
+    return 0;
+}
+
+/* the keys of a chunk */
+int64_t swarm_prefix_chunk(void) { return CHUNK; }
 
 /* Two softmax pieces over disjoint keys, combined: out, lse [pieces] from a and b ([pieces, dim] and
  * [pieces] each), as kernels/reference/cascade_attention.py::merge_attention. out may be a or b. */

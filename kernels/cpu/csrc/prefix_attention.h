@@ -8,6 +8,15 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
                            const float *k, const float *v, int64_t keys, float scale, float *out, float *lse,
                            int threads);
 
+/* The same over a trunk of whole chunks, each chunk's partials left for swarm_paged_decode's given: row b's go to
+ * given[given_rows[b]] ([given_width, heads, dim + 2]). Returns -1 when scratch memory runs out. */
+int swarm_prefix_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
+                          const float *k, const float *v, int64_t keys, float scale, float *given,
+                          const int64_t *given_rows, int64_t given_width, int threads);
+
+/* the keys of a chunk */
+int64_t swarm_prefix_chunk(void);
+
 /* Two softmax pieces over disjoint keys combined: out, lse [pieces] from a and b ([pieces, dim], [pieces]). */
 void swarm_merge_attention(const float *a, const float *lse_a, const float *b, const float *lse_b, int64_t pieces,
                            int64_t dim, float *out, float *lse);

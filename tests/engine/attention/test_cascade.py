@@ -15,6 +15,9 @@ from kernels.reference import paged_attention
 BLOCK, HEADS, KV_HEADS, DIM = 16, 4, 2, 16
 SCALE = DIM ** -0.5
 TRUNKS = {"consecutive": [0, 1, 2, 3, 4], "scattered": [7, 3, 9, 1, 5]}   # 80 tokens: past the 64 cascade takes
+# 272 tokens: past one of the C decode kernels' chunks, where they cut a trunk (native_attention.decode_chunk)
+LONG_TRUNKS = {"consecutive": list(range(17)),
+               "scattered": [18, 3, 25, 1, 5, 27, 9, 14, 22, 0, 17, 6, 29, 2, 24, 8, 16]}
 KERNEL_SETS = [
     "torch", "sdpa",
     pytest.param("native", marks=pytest.mark.skipif(not native_attention.available(), reason="no C compiler")),
@@ -51,15 +54,21 @@ def expected(kv: KVCache, layer: int, q, k, v, batch: AttentionBatch) -> torch.T
     return paged_attention.prefill_attention(q, k_cache, v_cache, tables, batch.context_lens, batch.query_lens, SCALE)
 
 
-@pytest.mark.parametrize("trunk", TRUNKS.values(), ids=TRUNKS.keys())
+def a_decode_step(trunk: list[int]) -> AttentionBatch:
+    """Rows 0 and 2 share the trunk, apart in the batch."""
+    tables = [trunk + [30, 31], [20, 21], trunk + [32]]
+    tokens = len(trunk) * BLOCK
+    return step(tables, [tokens + 20, 25, tokens + 10], [1, 1, 1], queries="last")
+
+
+@pytest.mark.parametrize("trunk", LONG_TRUNKS.values(), ids=LONG_TRUNKS.keys())
 @pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "plain"])
 @pytest.mark.parametrize("kernels", KERNEL_SETS)
 def test_a_decode_step_attends_as_the_reference_and_writes_its_kv(kernels, cascade, trunk):
     kv = pool()
     attention = select_backend(kv, SCALE, choice=kernels)
     attention.use_cascade(cascade)
-    tables = [trunk + [10, 11], [20, 21], trunk + [12]]        # rows 0 and 2 share the trunk, apart in the batch
-    batch = step(tables, [100, 25, 90], [1, 1, 1], queries="last")
+    batch = a_decode_step(trunk)
     attention.plan(batch)
     assert len(batch.plan.decode.prefixes) == (1 if cascade else 0)
     q, k, v = random_tensor(3, HEADS, DIM, seed=10), random_tensor(3, KV_HEADS, DIM, seed=11), \
@@ -70,6 +79,35 @@ def test_a_decode_step_attends_as_the_reference_and_writes_its_kv(kernels, casca
     k_cache, v_cache = kv.layers[1]
     assert torch.equal(k_cache.view(-1, KV_HEADS, DIM)[batch.slot_mapping], k)
     assert torch.equal(v_cache.view(-1, KV_HEADS, DIM)[batch.slot_mapping], v)
+
+
+@pytest.mark.skipif(not native_attention.available(), reason="no C compiler")
+@pytest.mark.parametrize("blocks", [17, 16, 15, 40], ids=["past-a-chunk", "a-chunk", "short-of-a-chunk", "chunks"])
+def test_the_c_kernels_give_a_decode_row_the_same_bits_with_its_trunk_shared_or_read_alone(blocks):
+    """The trunk is cut at a whole chunk, its chunks read once for the rows that share it and merged with each
+    row's own in one pass: the bits each row gets reading its whole context alone, in one call or row by row."""
+    kv = pool(1) if blocks < 40 else KVCache([(random_tensor(90, BLOCK, KV_HEADS, DIM, seed=1),
+                                                random_tensor(90, BLOCK, KV_HEADS, DIM, seed=2))], BLOCK)
+    trunk = list(range(40, 40 + blocks)) if blocks == 40 else LONG_TRUNKS["scattered"][:blocks]
+    batch = a_decode_step(trunk)
+    q, k, v = random_tensor(3, HEADS, DIM, seed=40), random_tensor(3, KV_HEADS, DIM, seed=41), \
+        random_tensor(3, KV_HEADS, DIM, seed=42)
+    runs = {}
+    for cascade in (True, False):
+        pool_copy = KVCache([tuple(t.clone() for t in layer) for layer in kv.layers], BLOCK)
+        attention = select_backend(pool_copy, SCALE, choice="native")
+        attention.use_cascade(cascade)
+        attention.plan(batch)
+        runs[cascade] = (attention.forward(q, k, v, 0, batch), len(batch.plan.decode.prefixes))
+    assert runs[True][1] == (blocks * BLOCK >= native_attention.decode_chunk()) and runs[False][1] == 0
+    assert torch.equal(runs[True][0], runs[False][0])
+    for row in range(3):
+        alone = step([batch.block_tables[row]], [batch.context_lens[row]], [1], queries="last")
+        attention = select_backend(KVCache([tuple(t.clone() for t in layer) for layer in kv.layers], BLOCK), SCALE,
+                                   choice="native")
+        attention.plan(alone)
+        assert torch.equal(attention.forward(q[row:row + 1], k[row:row + 1], v[row:row + 1], 0, alone),
+                           runs[True][0][row:row + 1])
 
 
 @pytest.mark.parametrize("trunk", TRUNKS.values(), ids=TRUNKS.keys())

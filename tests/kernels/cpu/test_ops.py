@@ -50,7 +50,10 @@ def op_args(name):
                                       [randn(96), None]),
         "quant_dequantize": lambda: (weight.blocks[3:10], weight.format, weight.cols, torch.empty(7, 320)),
         "paged_decode": lambda: (*paged_args(), 0.25),
+        "paged_decode_given": lambda: (*paged_args(), 0.25, ops.prefix_partials(*op_args("prefix_partials")),
+                                       torch.tensor([2, 1, 0])),
         "prefix_attention": lambda: (randn(3, 6, 16), randn(40, 2, 16, seed=1), randn(40, 2, 16, seed=2), 0.25),
+        "prefix_partials": lambda: (randn(3, 6, 16), randn(300, 2, 16, seed=1), randn(300, 2, 16, seed=2), 0.25),
         "rows_attention": lambda: (randn(5, 6, 16), randn(9, 2, 16, seed=1), randn(9, 2, 16, seed=2), 0.25, True),
         "rows_attention_running": lambda: (randn(5, 6, 16), randn(9, 2, 16, seed=1), randn(9, 2, 16, seed=2), 0.25,
                                            True),
@@ -59,18 +62,23 @@ def op_args(name):
     }[name]()
 
 
-NAMES = ["rms_norm", "rotary", "silu_mul", "quant_matmul", "quant_matmul_many", "paged_decode", "prefix_attention",
-         "rows_attention", "rows_attention_running", "merge_attention"]
+NAMES = ["rms_norm", "rotary", "silu_mul", "quant_matmul", "quant_matmul_many", "paged_decode", "paged_decode_given",
+         "prefix_attention", "prefix_partials", "rows_attention", "rows_attention_running", "merge_attention"]
 WRITING = ["quant_dequantize"]   # ops that write into their last argument, returning nothing
+
+
+def op_of(name: str) -> str:
+    """The op a case of NAMES calls: paged_decode_given is paged_decode with a trunk's chunks given."""
+    return name.removesuffix("_given")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_profiler_lists_each_kernel_as_its_op_with_the_bits_of_the_direct_call(name):
     args = op_args(name)
-    direct = getattr(ops, name)(*args)
+    direct = getattr(ops, op_of(name))(*args)
     with torch.profiler.profile() as profiler:
-        profiled = getattr(ops, name)(*args)
-    assert f"swarm::{name}" in {event.name for event in profiler.events()}
+        profiled = getattr(ops, op_of(name))(*args)
+    assert f"swarm::{op_of(name)}" in {event.name for event in profiler.events()}
     for got, want in zip(*(r if isinstance(r, (tuple, list)) else (r,) for r in (profiled, direct))):
         assert torch.equal(got, want)
 
@@ -100,7 +108,7 @@ def test_the_profiler_lists_each_writing_kernel_as_its_op_with_the_bits_of_the_d
 
 @pytest.mark.parametrize("name", NAMES + WRITING)
 def test_each_fake_gives_the_real_outputs_shapes_and_dtypes(name):
-    op = getattr(torch.ops.swarm, name).default
+    op = getattr(torch.ops.swarm, op_of(name)).default
     torch.library.opcheck(op, op_args(name), test_utils=("test_schema", "test_faketensor",
                                                           "test_autograd_registration"))
 
