@@ -23,6 +23,7 @@ from engine.loading.loader import load_model_config, load_tokenizer, resolve_mod
 from engine.machine_probe import cpu_has_native
 from engine.model_runner import ModelRunner
 from engine.options import EngineOptions
+from engine.quantized_layers import use_decode_products
 from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
@@ -52,9 +53,11 @@ class LLMEngine:
         self.dtype = pick_dtype(options.dtype, self.device)
         self.prompt_precision = prompt_matmul.choose(options.dtype, self.device, self.dtype)
         prompt_attention = prompt_matmul.choose_attention(self.prompt_precision)
+        self.decode_precision = prompt_matmul.choose_decode(self.prompt_precision)
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
+        use_decode_products(loaded.net, self.decode_precision)
         self.weights = loaded.weights
         self.onednn_weights = loaded.packed
         self.kv_sizing = size_kv_pool(loaded.net, self.config, options, self.dtype, self.device,
@@ -196,12 +199,12 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
-        precision of prompts' products and of their attention's, whether decode steps replay as graphs, and on a
-        hybrid the gated delta rule's kernels (torch or fla)."""
+        precision of prompts' products and of their attention's, of decode rows' products on the quantized layers,
+        whether decode steps replay as graphs, and on a hybrid the gated delta rule's kernels (torch or fla)."""
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
-                  "prompt_attention": attention.prompt_attention(),
+                  "prompt_attention": attention.prompt_attention(), "decode_products": self.decode_precision,
                   "decode_graphs": self.runner.graphs_state()}
         if self.delta_rule is not None:
             chosen["delta_rule"] = self.delta_rule

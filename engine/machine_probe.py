@@ -19,6 +19,9 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
     attention_flop_s  per precision of its products (float32; bfloat16 where the C kernel's build multiplies
                       them on AVX512-BF16): swarm's prompt attention (kernels/cpu/csrc/rows_attention.c), a causal
                       1,024-token prompt of SmolLM2's heads, for `dtype: auto`'s choice of the prompts' attention.
+    decode_flop_s     per precision of its products (the same two), per row count (1 and 8): swarm's decode matmul
+                      (kernels/cpu/csrc/quant_matmul.c) of DECODE_SHAPE in Q4_1, for `dtype: auto`'s choice of the
+                      decode rows' products.
 
 Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent.
 Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
@@ -47,12 +50,15 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
 REPEATS = 3
-BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5}   # per dtype, the read probe, per attention precision
+BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2}   # per dtype, the read probe, per attention
+                                                                          # precision, per decode (precision, rows)
 FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 CACHE_FILE = "machine-probe.json"
 SUMS_SHAPE = (64, 2048, 64)
 SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products stay far inside it, bfloat16 ones not
 ATTENTION_SHAPE = (1024, 9, 3, 64)   # tokens, heads, KV heads, head width: a SmolLM2 layer's causal prompt
+DECODE_SHAPE = (1536, 576)   # outputs, inputs: SmolLM2's gate projection
+DECODE_ROWS = (1, 8)         # a lone agent's step, and 8 agents'
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,7 @@ class MachineProbe:
     read_bytes_per_s: float
     probe_s: float                 # seconds the probes took
     attention_flop_s: dict[str, float] = field(default_factory=dict)   # per precision of its products
+    decode_flop_s: dict[str, dict[str, float]] = field(default_factory=dict)   # per precision, per rows ("1", "8")
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -95,6 +102,7 @@ class MachineProbe:
                  for dtype, rate in data["matmul_flop_s"].items()}
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
                    rates, data["read_bytes_per_s"], data["probe_s"], dict(data.get("attention_flop_s", {})),
+                   {precision: dict(rows) for precision, rows in data.get("decode_flop_s", {}).items()},
                    from_cache=True)
 
 
@@ -126,7 +134,8 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
         except (KeyError, TypeError, ValueError):
             cached = None   # an entry from another version of this file: probe again
         if (cached is not None and set(cached.matmul_flop_s) >= set(probed_paths())
-                and set(cached.attention_flop_s) >= set(attention_precisions())):
+                and set(cached.attention_flop_s) >= set(attention_precisions())
+                and set(cached.decode_flop_s) >= set(decode_precisions())):
             return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
@@ -149,8 +158,10 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     read = read_bytes_per_s(budget_s["read"])
     attention = {precision: attention_rate(precision, budget_s.get("attention", BUDGET_S["attention"]))
                  for precision in attention_precisions()}
+    decode = {precision: {str(rows): decode_rate(precision, rows, budget_s.get("decode", BUDGET_S["decode"]))
+                          for rows in DECODE_ROWS} for precision in decode_precisions()}
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
-                        torch.__version__, rates, read, time.perf_counter() - began, attention)
+                        torch.__version__, rates, read, time.perf_counter() - began, attention, decode)
 
 
 def attention_precisions() -> list[str]:
@@ -171,6 +182,31 @@ def attention_rate(precision: str, budget_s: float) -> float:
     flops = 2 * 2 * heads * dim * tokens * (tokens + 1) // 2   # two products over each token's keys
     bf16 = precision == "bfloat16"
     return flops / fastest_s(lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16), budget_s)
+
+
+def decode_precisions() -> list[str]:
+    """The precisions of the decode matmul's products a probe times: none without the C kernel."""
+    from kernels.cpu import quant_matmul  # builds the kernel, once per machine
+    if not quant_matmul.available():
+        return []
+    return ["float32"] + (["bfloat16"] if quant_matmul.bf16_native() else [])
+
+
+def decode_rate(precision: str, rows: int, budget_s: float) -> float:
+    """FLOP/s of the C decode matmul of `rows` rows against a DECODE_SHAPE weight in Q4_1, in `precision`."""
+    import gguf.quants
+    import numpy as np
+
+    from kernels.cpu.weight_set import WeightSet
+    from kernels.reference.quant_blocks import QuantizedTensor
+    outputs, inputs = DECODE_SHAPE
+    values = np.random.default_rng(0).standard_normal((outputs, inputs)).astype(np.float32)
+    weight = QuantizedTensor(torch.from_numpy(gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1)), "Q4_1",
+                             inputs)
+    matmul = WeightSet([weight], [None], bf16=precision == "bfloat16")
+    x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(0))
+    calls = 20   # a call takes tens of microseconds: a run of them is timed
+    return calls * 2 * rows * outputs * inputs / fastest_s(lambda: [matmul(x) for _ in range(calls)], budget_s)
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:

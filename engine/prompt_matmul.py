@@ -7,8 +7,9 @@ its sums and its output in float32:
                         for every linear layer; on AMX it sums in float32, on a Zen 4 it rounds its sums
     "bfloat16_kernel"   swarm's kernel (kernels/cpu/bf16_matmul.py: AVX512-BF16, sums as vdpbf16ps does), for
                         the quantized layers; float weights' layers and the attention stay float32 in this mode
-The activations, the KV cache and every other op stay float32. A decode step's few rows are bound by reading the
-weights, not by products, and keep swarm's float32 kernels.
+The activations, the KV cache and every other op stay float32. A decode step's rows take swarm's quantized
+matmul (kernels/cpu/csrc/quant_matmul.c) in float32, or in bfloat16 products summed in float32 where `choose_decode`
+measured those faster: 8 agents' rows are bound by the products, one agent's by expanding the weights' blocks.
 
     dtype auto, on a CPU whose probe (engine.machine_probe) measured, of the paths that sum in float32 and run
     natively, the fastest at least BF16_SPEEDUP x float32     prompt rows: that path
@@ -44,6 +45,7 @@ from engine.machine_probe import KERNEL, cached_probe
 
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
 ATTENTION_BF16_SPEEDUP = 1.2   # the attention's: its matmuls' precision already rounds the prompt rows
+DECODE_BF16_SPEEDUP = 1.2      # the decode rows': a step of 8 of them
 PRECISIONS = ("float32", "bfloat16", KERNEL)
 
 _step = threading.local()
@@ -70,6 +72,19 @@ def choose_attention(precision: str) -> str:
         return "float32"
     rates = cached_probe().attention_flop_s
     fast = rates.get("bfloat16", 0.0) >= ATTENTION_BF16_SPEEDUP * rates.get("float32", math.inf)
+    return "bfloat16" if fast else "float32"
+
+
+def choose_decode(precision: str) -> str:
+    """The precision of the decode rows' products on the quantized layers, with prompt rows in `precision` (of
+    PRECISIONS): bfloat16 where prompts take bfloat16 products and the probe measured the C decode matmul's
+    bfloat16 products at least DECODE_BF16_SPEEDUP x its float32 ones for 8 rows; float32 otherwise. One
+    precision for every decode row, so a row's bits never depend on how many rows its step holds: a lone row's
+    step may be the slower for it (DECODE_ROWS in the probe's decode_flop_s says by how much)."""
+    if precision == "float32":
+        return "float32"
+    rates = cached_probe().decode_flop_s
+    fast = rates.get("bfloat16", {}).get("8", 0.0) >= DECODE_BF16_SPEEDUP * rates.get("float32", {}).get("8", math.inf)
     return "bfloat16" if fast else "float32"
 
 

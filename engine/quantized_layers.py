@@ -43,6 +43,7 @@ class QuantizedLinear(nn.Module):
         self._triton = None if on_cpu else _triton_matmul(weight.format)
         self._expand = _cpu_expander(weight.format) if on_cpu else None
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
+        self.decode_products = "float32"   # of the rows the C kernel takes (engine.prompt_matmul.choose_decode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
@@ -60,16 +61,26 @@ class QuantizedLinear(nn.Module):
         return self._cpu_kernel
 
     def weight_set_with(self, others: tuple[QuantizedLinear, ...]) -> WeightSet:
-        """The CPU kernel's WeightSet of this layer's weight and then the others', made on first use."""
-        key = tuple(id(layer) for layer in others)
+        """The CPU kernel's WeightSet of this layer's weight and then the others', in this layer's decode_products,
+        made on first use."""
+        bf16 = self.decode_products == "bfloat16"
+        key = (bf16, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
             layers = (self, *others)
             self._weight_sets[key] = layers, WeightSet([layer.quantized for layer in layers],
-                                                       [layer.bias for layer in layers])
+                                                       [layer.bias for layer in layers], bf16=bf16)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.quantized.format}"
+
+
+def use_decode_products(model: nn.Module, precision: str) -> None:
+    """Every quantized layer of `model` takes `precision` ("float32" or "bfloat16") for the rows the C kernel
+    takes (engine.prompt_matmul.choose_decode); set before the first step."""
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            module.decode_products = precision
 
 
 def together(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | None:

@@ -78,9 +78,9 @@ class DecodeLayer:
         q = x.new_empty(rows, self.heads, self.head_dim)
         k, v = x.new_empty(rows, self.kv_heads, self.head_dim), x.new_empty(rows, self.kv_heads, self.head_dim)
         scratch = x.new_empty(rows, self.hidden)
-        self._library.swarm_decode_attention_in(self._by_reference, x.data_ptr(), rows, cos.data_ptr(),
-                                                sin.data_ptr(), scratch.data_ptr(), q.data_ptr(), k.data_ptr(),
-                                                v.data_ptr(), torch.get_num_threads())
+        _succeeded(self._library.swarm_decode_attention_in(self._by_reference, x.data_ptr(), rows, cos.data_ptr(),
+                                                           sin.data_ptr(), scratch.data_ptr(), q.data_ptr(),
+                                                           k.data_ptr(), v.data_ptr(), torch.get_num_threads()))
         return q, k, v
 
     def mlp_inputs(self, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,9 +90,9 @@ class DecodeLayer:
         expect_tensor(OP, "attended", attended, (rows, self.heads * self.head_dim))
         h, scratch = x.new_empty(rows, self.hidden), x.new_empty(rows, self.hidden)
         gate, up = x.new_empty(rows, self.intermediate), x.new_empty(rows, self.intermediate)
-        self._library.swarm_decode_mlp_in(self._by_reference, x.data_ptr(), attended.data_ptr(), rows,
-                                          scratch.data_ptr(), h.data_ptr(), gate.data_ptr(), up.data_ptr(),
-                                          torch.get_num_threads())
+        _succeeded(self._library.swarm_decode_mlp_in(self._by_reference, x.data_ptr(), attended.data_ptr(), rows,
+                                                     scratch.data_ptr(), h.data_ptr(), gate.data_ptr(), up.data_ptr(),
+                                                     torch.get_num_threads()))
         return h, gate, up
 
     def mlp_output(self, h: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
@@ -100,8 +100,8 @@ class DecodeLayer:
         rows = self._expect_rows("h", h, self.hidden)
         expect_tensor(OP, "act", act, (rows, self.intermediate))
         out = h.new_empty(rows, self.hidden)
-        self._library.swarm_decode_mlp_out(self._by_reference, h.data_ptr(), act.data_ptr(), rows, out.data_ptr(),
-                                           torch.get_num_threads())
+        _succeeded(self._library.swarm_decode_mlp_out(self._by_reference, h.data_ptr(), act.data_ptr(), rows,
+                                                      out.data_ptr(), torch.get_num_threads()))
         return out
 
     @staticmethod
@@ -136,3 +136,9 @@ def _check_shapes(layer: DecodeLayer) -> None:
 
 def _pointer_or_null(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
+
+
+def _succeeded(result: int) -> None:
+    """A call's result: 0, or the reason it stopped (a head wider than the C code takes is refused before)."""
+    if result:
+        raise MemoryError("a decode layer's C call could not allocate its scratch memory")

@@ -99,7 +99,7 @@ def quant_matmul(lib: ctypes.CDLL, x: Tensor, blocks: Tensor, format: str, cols:
 
 
 def quant_matmul_many_outputs(x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
-                              biases: list[Tensor | None]) -> list[Tensor]:
+                              biases: list[Tensor | None], bf16: bool = False) -> list[Tensor]:
     """codes: each weight's format as its GGML type code (an op takes no list of names)"""
     if not len(blocks) == len(codes) == len(biases) > 0:
         raise refusal("quant_matmul_many", "blocks", f"holds {len(blocks)} weights: codes and biases need as many, "
@@ -111,15 +111,25 @@ def quant_matmul_many_outputs(x: Tensor, blocks: list[Tensor], codes: list[int],
 
 
 def quant_matmul_many(lib: ctypes.CDLL, x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
-                      biases: list[Tensor | None]) -> list[Tensor]:
-    """[x @ W.T + bias for each weight's blocks, format code and bias], every weight's columns in one call"""
+                      biases: list[Tensor | None], bf16: bool = False) -> list[Tensor]:
+    """[x @ W.T + bias for each weight's blocks, format code and bias], every weight's columns in one call; bf16:
+    in bfloat16 products summed in float32, by a build of csrc/quant_matmul_bf16.c (_bf16_library)"""
     outs = quant_matmul_many_outputs(x, blocks, codes, cols, biases)
     count = len(blocks)
-    lib.swarm_quant_matmul_many(x.data_ptr(), x.shape[0], cols, count, (_ptr * count)(*(b.data_ptr() for b in blocks)),
-                                (_int * count)(*codes), (_i64 * count)(*(b.shape[0] for b in blocks)),
-                                (_ptr * count)(*(_ptr_or_null(b) for b in biases)),
-                                (_ptr * count)(*(out.data_ptr() for out in outs)), torch.get_num_threads())
+    call = _bf16_library(lib).swarm_quant_matmul_many_bf16 if bf16 else lib.swarm_quant_matmul_many
+    failed = call(x.data_ptr(), x.shape[0], cols, count, (_ptr * count)(*(b.data_ptr() for b in blocks)),
+                  (_int * count)(*codes), (_i64 * count)(*(b.shape[0] for b in blocks)),
+                  (_ptr * count)(*(_ptr_or_null(b) for b in biases)), (_ptr * count)(*(out.data_ptr() for out in outs)),
+                  torch.get_num_threads())
+    if failed:
+        raise MemoryError("the quantized matmul could not allocate x's bfloat16 pairs")
     return outs
+
+
+def _bf16_library(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib where it is a build of csrc/quant_matmul_bf16.c (tests pass other builds: declare() put its functions in
+    its __dict__), else the one the process loads."""
+    return lib if "swarm_quant_matmul_many_bf16" in vars(lib) else library("quant_matmul_bf16")
 
 
 def quant_dequantize_outputs(blocks: Tensor, format: str, cols: int, out: Tensor) -> None:

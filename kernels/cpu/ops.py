@@ -93,8 +93,8 @@ def _quant_matmul(x: Tensor, blocks: Tensor, format: str, cols: int, bias: Tenso
 
 @custom_op("swarm::quant_matmul_many", mutates_args=())
 def _quant_matmul_many(x: Tensor, blocks: list[Tensor], codes: list[int], cols: int,
-                       biases: list[Tensor | None]) -> list[Tensor]:
-    return entry_points.quant_matmul_many(built("quant_matmul"), x, blocks, codes, cols, biases)
+                       biases: list[Tensor | None], bf16: bool = False) -> list[Tensor]:
+    return entry_points.quant_matmul_many(built("quant_matmul"), x, blocks, codes, cols, biases, bf16)
 
 
 @custom_op("swarm::quant_dequantize", mutates_args=("out",))

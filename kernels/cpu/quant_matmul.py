@@ -28,6 +28,13 @@ def available() -> bool:
     return entry_points.library("quant_matmul") is not None
 
 
+def bf16_native(library: ctypes.CDLL | None = None) -> bool:
+    """Whether csrc/quant_matmul_bf16.c's build (library: another) takes bfloat16 products on AVX512-BF16, not in
+    plain C."""
+    library = library or entry_points.library("quant_matmul_bf16")
+    return library is not None and library.swarm_quant_matmul_bf16_native() == 1
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether `x @ weight.T` can take the kernel: a few float32 rows on a CPU."""
     return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= MAX_ROWS
@@ -41,12 +48,13 @@ def quant_matmul(x: torch.Tensor, weight: QuantizedTensor, bias: torch.Tensor | 
 
 
 def quant_matmul_many(x: torch.Tensor, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
-                      library: ctypes.CDLL | None = None) -> list[torch.Tensor]:
+                      library: ctypes.CDLL | None = None, bf16: bool = False) -> list[torch.Tensor]:
     """[quant_matmul(x, weight, bias) for each weight and bias], bit for bit, in one call: the threads wake once
     for all (a decode step's q, k and v projections; its gate and up). The weights take the same x, so they
-    have its columns; their formats may differ (the op swarm::quant_matmul_many)."""
+    have its columns; their formats may differ (the op swarm::quant_matmul_many). bf16: in bfloat16 products
+    summed in float32, in a fixed order for each output (oracle: kernels.reference.bf16_matmul.lanes_matmul)."""
     codes = [entry_points.QUANT_FORMATS[w.format][0] for w in weights]
-    return ops.quant_matmul_many(x.contiguous(), [w.blocks for w in weights], codes, x.shape[1], biases,
+    return ops.quant_matmul_many(x.contiguous(), [w.blocks for w in weights], codes, x.shape[1], biases, bf16,
                                  library=library)
 
 

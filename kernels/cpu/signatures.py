@@ -13,12 +13,15 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
     "quant_matmul": {
         "swarm_quant_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], None),
         "swarm_quant_matmul_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], None),
-        "swarm_quant_matmul_set": ([_ptr, _ptr, _i64, _ptr, _int], None),
+        "swarm_quant_matmul_set": ([_ptr, _ptr, _i64, _ptr, _int], _int),
         "swarm_quant_dequantize": ([_ptr, _int, _i64, _i64, _ptr, _int], None)},
+    "quant_matmul_bf16": {
+        "swarm_quant_matmul_many_bf16": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
+        "swarm_quant_matmul_bf16_native": ([], _int)},
     "decode_layer": {
         "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
-        "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], None),
-        "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], None)},
+        "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], _int),
+        "swarm_decode_mlp_out": ([_ptr, _ptr, _ptr, _i64, _ptr, _int], _int)},
     "decode_stack": {
         "swarm_decode_stack_run": ([_ptr, _ptr, _ptr, _int], _int)},
     "bf16_matmul": {

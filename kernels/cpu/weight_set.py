@@ -24,14 +24,15 @@ OP = "quant_matmul_many"
 
 class Description(ctypes.Structure):
     _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
-                ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr))]
+                ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr)), ("bf16", _i64)]
 
 
 class WeightSet:
-    """`set(x)` is quant_matmul_many(x, weights, biases): for each weight, x @ W.T + bias."""
+    """`set(x)` is quant_matmul_many(x, weights, biases): for each weight, x @ W.T + bias; with bf16, in bfloat16
+    products summed in float32 (quant_matmul_many's bf16, csrc/quant_matmul.c's top)."""
 
     def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
-                 library: ctypes.CDLL | None = None):
+                 library: ctypes.CDLL | None = None, bf16: bool = False):
         self.blocks = [weight.blocks for weight in weights]
         self.codes = [entry_points.QUANT_FORMATS[weight.format][0] for weight in weights]
         self.biases = list(biases)
@@ -44,22 +45,24 @@ class WeightSet:
         self._arrays = ((_ptr * count)(*(b.data_ptr() for b in self.blocks)), (_int * count)(*self.codes),
                         (_i64 * count)(*self.rows), (_ptr * count)(*(None if b is None else b.data_ptr()
                                                                      for b in self.biases)))
-        self.description = Description(count, self.cols, *self._arrays)   # the C struct swarm_weight_set
+        self.bf16 = bf16
+        self.description = Description(count, self.cols, *self._arrays, int(bf16))   # the C struct swarm_weight_set
         self._by_reference = ctypes.byref(self.description)
         self._outputs = _ptr * count
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self._library is None and ops.torch_is_watching():
-            if len(self.blocks) == 1:
+            if len(self.blocks) == 1 and not self.bf16:
                 format = entry_points.FORMAT_OF_CODE[self.codes[0]]
                 return [ops.quant_matmul(x, self.blocks[0], format, self.cols, self.biases[0])]
-            return ops.quant_matmul_many(x, self.blocks, self.codes, self.cols, self.biases)
+            return ops.quant_matmul_many(x, self.blocks, self.codes, self.cols, self.biases, self.bf16)
         expect_rank(OP, "x", x, 2)
         if x.shape[1] != self.cols:
             raise refusal(OP, "x", f"has {x.shape[1]} columns, the weight {self.cols}")
         rows = x.shape[0]
         outs = [torch.empty(rows, n, dtype=torch.float32) for n in self.rows]
         library = self._library or entry_points.library("quant_matmul")
-        library.swarm_quant_matmul_set(self._by_reference, x.data_ptr(), rows,
-                                       self._outputs(*(out.data_ptr() for out in outs)), torch.get_num_threads())
+        if library.swarm_quant_matmul_set(self._by_reference, x.data_ptr(), rows,
+                                          self._outputs(*(out.data_ptr() for out in outs)), torch.get_num_threads()):
+            raise MemoryError("the quantized matmul could not allocate x's bfloat16 pairs")
         return outs

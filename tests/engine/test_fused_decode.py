@@ -84,6 +84,19 @@ def test_decode_steps_in_c_give_the_pytorch_paths_logits(tiny_model_dir, variant
     assert_same_runs(fused, unfused)
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_decode_steps_in_bfloat16_products_give_the_pytorch_paths_logits(tiny_model_dir, variant, monkeypatch):
+    """Decode rows in bfloat16 products (engine.prompt_matmul.choose_decode, as auto takes them where measured
+    faster): the stack, the layer-by-layer calls and the PyTorch path take the same weight sets, so the same bits."""
+    from engine import prompt_matmul
+    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16")
+    options = EngineOptions(kv_budget_tokens=4096, mixed_step_tokens=24, weights="q4_1")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    fused, unfused, _ = fused_and_unfused(lambda: LLMEngine(str(tiny_model_dir(variant)), options),
+                                          prompts_of([5, 30, 61, 90], seed=2), params, monkeypatch)
+    assert_same_runs(fused, unfused)
+
+
 def test_smollm2s_decode_steps_in_c_give_the_pytorch_paths_logits(monkeypatch):
     def make_engine():
         engine = LLMEngine(str(smollm2_or_skip()), EngineOptions(kv_budget_tokens=4096))

@@ -42,18 +42,26 @@ def test_sharing_on_off_and_alone_give_identical_greedy_output(tiny_model_dir, v
     assert all(o.num_cached_tokens == 0 for o in without)
 
 
+@pytest.mark.parametrize("decode", ["float32", "bfloat16"])
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
-def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, variant):
+def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, variant, decode, monkeypatch):
     """A trunk past a chunk of the C kernels' attention (kernels.cpu.native_attention.decode_chunk), read once for
-    the agents that share it: every logit of every step has the bits of sharing off, and of each agent alone."""
+    the agents that share it: every logit of every step has the bits of sharing off, and of each agent alone. Also
+    with prompts and decode rows in bfloat16 products (as auto takes them where the probe measured them faster;
+    the plain C code on a CPU without AVX512-BF16), where a last bit apart would round apart."""
+    from engine import prompt_matmul
     from engine.llm_engine import EngineOptions, LLMEngine
     from tests.helpers.engine_runs import run_with_logits
 
+    if decode == "bfloat16":
+        monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_matmul.KERNEL)
+        monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16")
     folder = str(tiny_model_dir(variant))
     _, prompts = swarm_prompts(trunk_len=300, suffix_len=7, agents=4, seed=5)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     shared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1"))
     assert shared.runner.attention.kernels.name == "native"
+    assert shared.kernels()["decode_products"] == decode
     together, _ = run_with_logits(shared, prompts, params)
     unshared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1", enable_prefix_caching=False))
     runs = [together, run_with_logits(unshared, prompts, params)[0],

@@ -18,7 +18,7 @@ from engine.machine_probe import (
 )
 from kernels.cpu import bf16_matmul
 
-SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05}   # each probe still runs its shapes at least once
+SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05, "decode": 0.01}   # each probe still runs at least once
 
 
 @pytest.fixture
@@ -52,6 +52,28 @@ def test_the_prompt_attention_is_timed_in_each_precision_its_build_multiplies_na
     native = native_attention.rows_attention_bf16_native()
     assert set(probe.attention_flop_s) == {"float32"} | ({"bfloat16"} if native else set())
     assert all(0 < rate < math.inf for rate in probe.attention_flop_s.values())
+
+
+def test_the_decode_matmul_is_timed_for_one_row_and_eight_in_each_precision_its_build_multiplies_natively():
+    from kernels.cpu import quant_matmul
+    probe = probe_machine(SHORT)
+    if not quant_matmul.available():
+        assert probe.decode_flop_s == {}
+        return
+    assert set(probe.decode_flop_s) == {"float32"} | ({"bfloat16"} if quant_matmul.bf16_native() else set())
+    for rates in probe.decode_flop_s.values():
+        assert set(rates) == {"1", "8"} and all(0 < rate < math.inf for rate in rates.values())
+
+
+def test_a_cached_entry_without_the_decode_rates_is_probed_again(cache_dir):
+    first = cached_probe(budget_s=SHORT)
+    if not first.decode_flop_s:
+        pytest.skip("no C compiler for the kernels: nothing of the decode matmul to time")
+    stored = json.loads(cache_path().read_text())
+    del stored[first.key]["decode_flop_s"]   # as the previous version of the file wrote it
+    cache_path().write_text(json.dumps(stored))
+    again = cached_probe(budget_s=SHORT)
+    assert not again.from_cache and set(again.decode_flop_s) == set(first.decode_flop_s)
 
 
 def test_a_cached_entry_without_the_attention_rates_is_probed_again(cache_dir):

@@ -90,14 +90,26 @@ def test_decode_rows_keep_the_float32_kernels_inside_a_prompt_step():
     assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # the process-wide flag is put back
 
 
+@pytest.fixture(autouse=True, scope="module")
+def kernels_from_the_shared_cache():
+    """The kernels a probe's cache check asks about, loaded before a test moves SWARM_CACHE_DIR: a library first
+    built in a test's folder would stay mapped in the worker beside the shared cache's (its own task pool)."""
+    from kernels.cpu import native
+    for name in ("quant_matmul", "quant_matmul_bf16", "rows_attention", "bf16_matmul", "paged_decode",
+                 "prefix_attention"):
+        native.load(name)
+
+
 def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10,
-                attention: dict[str, float] | None = None) -> None:
-    """A cached probe of this machine with these rates; attention: the prompt attention's, per precision."""
+                attention: dict[str, float] | None = None, decode: dict[str, dict[str, float]] | None = None) -> None:
+    """A cached probe of this machine with these rates; attention: the prompt attention's, per precision; decode:
+    the decode matmul's, per precision and rows."""
     probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
                          {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
                           KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
-                         attention or {"float32": 1e11, "bfloat16": 1e11})
+                         attention or {"float32": 1e11, "bfloat16": 1e11},
+                         decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")})
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
@@ -128,6 +140,22 @@ def test_the_prompts_attention_takes_bfloat16_where_the_probe_measured_it_faster
     write_probe(3e11, attention=rates)
     monkeypatch.setattr("engine.machine_probe.attention_precisions", lambda: list(rates))
     assert prompt_matmul.choose_attention(precision) == expected
+
+
+@pytest.mark.parametrize(("float32", "bfloat16", "precision", "expected"),
+                         [(1e11, 1.3e11, KERNEL, "bfloat16"), (1e11, 1.1e11, KERNEL, "float32"),
+                          (1e11, None, KERNEL, "float32"), (1e11, 1.3e11, "float32", "float32")])
+def test_decode_rows_take_bfloat16_where_the_probe_measured_eight_of_them_faster(monkeypatch, tmp_path, float32,
+                                                                                 bfloat16, precision, expected):
+    """With prompts in bfloat16, and where 8 rows measured at least DECODE_BF16_SPEEDUP x float32 (a lone row's
+    rate does not enter); no bfloat16 rate: the kernel's build has no native bfloat16 products."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    rates = {"float32": {"1": 5e10, "8": float32}}
+    if bfloat16 is not None:
+        rates["bfloat16"] = {"1": 1e9, "8": bfloat16}   # a lone row slower: no matter
+    write_probe(3e11, decode=rates)
+    monkeypatch.setattr("engine.machine_probe.decode_precisions", lambda: list(rates))
+    assert prompt_matmul.choose_decode(precision) == expected
 
 
 @pytest.mark.skipif(not bf16_matmul.native(), reason="swarm's bfloat16 kernel is not native on this CPU")

@@ -35,36 +35,37 @@ static void norm_and_turn(float *x, int64_t rows, int64_t heads, int64_t dim, co
 }
 
 /* x [rows, hidden] -> q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim]; scratch: [rows, hidden].
-   Returns 1 (and does nothing) where head_dim is over MAX_HEAD_DIM. */
+   Returns 1 (and does nothing) where head_dim is over MAX_HEAD_DIM, -1 when memory runs out. */
 int swarm_decode_attention_in(const swarm_decode_layer *l, const float *x, int64_t rows, const float *cos_,
                               const float *sin_, float *scratch, float *q, float *k, float *v, int threads) {
     if (l->head_dim > MAX_HEAD_DIM) return 1;
     for (int64_t r = 0; r < rows; r++)
         rms_norm_row(x + r * l->hidden, l->input_norm, l->hidden, l->eps, scratch + r * l->hidden);
     float *const qkv[3] = {q, k, v};
-    swarm_quant_matmul_set(l->qkv, scratch, rows, qkv, threads);
+    if (swarm_quant_matmul_set(l->qkv, scratch, rows, qkv, threads)) return -1;
     norm_and_turn(q, rows, l->heads, l->head_dim, l->q_norm, l->eps, cos_, sin_);
     norm_and_turn(k, rows, l->kv_heads, l->head_dim, l->k_norm, l->eps, cos_, sin_);
     return 0;
 }
 
 /* attended [rows, heads * head_dim] -> h = x + o_proj(attended) [rows, hidden], gate and up of RMSNorm(h)
-   [rows, intermediate]; scratch: [rows, hidden] */
-void swarm_decode_mlp_in(const swarm_decode_layer *l, const float *x, const float *attended, int64_t rows,
-                         float *scratch, float *h, float *gate, float *up, int threads) {
+   [rows, intermediate]; scratch: [rows, hidden]. Returns -1 when memory runs out. */
+int swarm_decode_mlp_in(const swarm_decode_layer *l, const float *x, const float *attended, int64_t rows,
+                        float *scratch, float *h, float *gate, float *up, int threads) {
     float *const o[1] = {scratch};
-    swarm_quant_matmul_set(l->o, attended, rows, o, threads);
+    if (swarm_quant_matmul_set(l->o, attended, rows, o, threads)) return -1;
     for (int64_t i = 0; i < rows * l->hidden; i++) h[i] = x[i] + scratch[i];
     for (int64_t r = 0; r < rows; r++)
         rms_norm_row(h + r * l->hidden, l->post_norm, l->hidden, l->eps, scratch + r * l->hidden);
     float *const gate_up[2] = {gate, up};
-    swarm_quant_matmul_set(l->gate_up, scratch, rows, gate_up, threads);
+    return swarm_quant_matmul_set(l->gate_up, scratch, rows, gate_up, threads);
 }
 
-/* out = h + down_proj(act) [rows, hidden] */
-void swarm_decode_mlp_out(const swarm_decode_layer *l, const float *h, const float *act, int64_t rows, float *out,
-                          int threads) {
+/* out = h + down_proj(act) [rows, hidden]. Returns -1 when memory runs out. */
+int swarm_decode_mlp_out(const swarm_decode_layer *l, const float *h, const float *act, int64_t rows, float *out,
+                         int threads) {
     float *const down[1] = {out};
-    swarm_quant_matmul_set(l->down, act, rows, down, threads);
+    if (swarm_quant_matmul_set(l->down, act, rows, down, threads)) return -1;
     for (int64_t i = 0; i < rows * l->hidden; i++) out[i] = h[i] + out[i];
+    return 0;
 }

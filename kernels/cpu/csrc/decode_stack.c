@@ -153,10 +153,9 @@ static int layer_step(const swarm_decode_stack *s, int64_t layer, const swarm_de
                            s->block_size, b->tables, b->width, b->lengths, f->given, f->given_chunks, f->given_width,
                            s->scale, f->attended, f->lse, threads))
         return -1;
-    swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads);
+    if (swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads)) return -1;
     silu_mul_run(f->gate, f->up, rows * l->gate_up->N[0], f->gate);
-    swarm_decode_mlp_out(l, f->h, f->gate, rows, f->next, threads);
-    return 0;
+    return swarm_decode_mlp_out(l, f->h, f->gate, rows, f->next, threads);
 }
 
 /* x [rows, hidden]: the step's embedded tokens in, the last layer's output out. Returns -1 (x then undefined)

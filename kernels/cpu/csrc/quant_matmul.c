@@ -7,187 +7,26 @@
  *     lr = the fused multiply-adds of W[n, k] * x[i, k] for k = r, r + 8, r + 16, ... in turn, from 0,
  * whatever the number of rows or threads and whichever build (AVX-512, AVX2, plain C) runs: a row's
  * result does not depend on what it is batched with.
+ * A weight set in bfloat16 products (swarm_weight_set's bf16) goes to quant_matmul_bf16.c, whose top says its sums;
+ * its library is always the -march=native build, whichever build of this file kernels/cpu/build_choice.py picks.
  * Built by kernels/cpu/native.py; called through kernels/cpu/entry_points.py.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant_blocks.h"
+#include "quant_columns.h"
 #include "quant_matmul.h"
+#include "quant_matmul_bf16.h"   /* its library: kernels/cpu/native.py links the kernels whose headers a source names */
 #include "task_pool.h"
 
-#define ROW_TILE 8
-#define MAX_ROWS 64          /* rows a pass (kernels/cpu/quant_matmul.py sends no more for decode) */
-#define SPAN_VALUES 768      /* of the K axis at most: 8 rows x 768 floats of x, 24 KB, stay in a 32 KB L1 cache */
-#define GROUP_COLUMNS 32     /* a thread's columns a task at most, their lane sums waiting in carry between spans */
 #define ROWS_A_TASK 16       /* of the expansion: threads take rows 16 at a time */
-#define PREFETCH_BYTES 4096  /* of a weight, ahead of the pass that reads it */
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include "quant_chunks.h"
-
-/* A pass takes VECTORS_A_PASS vectors of columns: a column's sum is one chain of dependent multiply-adds,
-   and 1-2 rows leave too few chains side by side to hide their latency (1 row: 27.7 -> 19.5 us for
-   SmolLM2's gate_proj with 8 columns a pass against 2, AVX-512); more rows fill the registers with
-   accumulators (16 AVX2 registers, 32 AVX-512). Tiles are 1, 2, 4 or 8 rows: a few shapes to compile. */
-#if COLUMNS_A_VECTOR == 2
-#define VECTORS_A_PASS(tile) ((tile) <= 4 ? 4 : 2)
-#else
-#define VECTORS_A_PASS(tile) ((tile) <= 2 ? 4 : (tile) == 4 ? 2 : 1)
-#endif
-#define COLUMNS_AT_ONCE (4 * COLUMNS_A_VECTOR)
-
-static inline float sum_lanes(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
-/* Block b of the columns PREFETCH_BYTES on (whole passes), once a cache line: hardware prefetching follows
-   each column's row, not the jump to the next rows (a weight streaming from memory: 0.7-0.9 of the time
-   without); a pass ahead is too near for a 1-row pass (SmolLM2's gate and up from memory, 1 row: 164 ->
-   134 us with 4 passes ahead). */
-INLINE void prefetch_ahead(int format, const uint8_t *const *col, int columns, int64_t ahead, int64_t b) {
-    const int64_t bb = block_bytes(format), every = bb < 64 ? 64 / bb : 1;
-    if (b % every) return;
-    for (int c = 0; c < columns; c++)
-        for (int64_t line = 0; line < bb; line += 64)
-            _mm_prefetch((const char *)(col[c] + ahead + b * bb + line), _MM_HINT_T0);
-}
-
-/* Sub-block s of block b (blocks[c]: column c's; d, m: their scales) against the tile's rows of x (xr),
-   added to acc: a vector's columns at a time, each chunk expanded and then multiplied by every row's x
-   (all the vectors' chunks first kept 4 x 4 of them live: gcc spilled them, 2.2x the time a row). */
-INLINE void sub_block_dot(int format, int tile, const uint8_t *const *blocks, const float *const *d,
-                          const float *const *m, int s, const float *const *xr, int64_t k0, vfloat (*acc)[4]) {
-    const int vectors = VECTORS_A_PASS(tile);
-    for (int h = 0; h < vectors; h++) {
-        const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
-        const sub_header head = sub_header_of(format, blocks[a], blocks[z], d[a], d[z], m[a], m[z], s);
-        for (int j = 0; j < 4; j++) {
-            const vfloat w = chunk_of(format, blocks[a], blocks[z], s, j, head);
-            for (int i = 0; i < tile; i++) acc[i][h] = VF_FMADD(w, x_chunk(xr[i] + k0 + 32 * s + 8 * j), acc[i][h]);
-        }
-    }
-}
-
-/* Sub-blocks 2 g and 2 g + 1 of a Q4_K block, as two sub_block_dot (the same order of sums), the bytes they
-   share widened once: gcc would load them again (char loads alias the stores between); 0.87-0.93 of the time. */
-INLINE void q4_k_pair_dot(int tile, const uint8_t *const *blocks, const float *const *d,
-                            const float *const *m, int g, const float *const *xr, int64_t k0, vfloat (*acc)[4]) {
-    const int vectors = VECTORS_A_PASS(tile);
-    for (int h = 0; h < vectors; h++) {
-        const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
-        vint shared[4];   /* [chunk] */
-        for (int j = 0; j < 4; j++) shared[j] = q4_k_pair_bytes(blocks[a], blocks[z], g, j);
-        for (int t = 0; t < 2; t++) {
-            const sub_header head = sub_header_of(Q4_K, blocks[a], blocks[z], d[a], d[z], m[a], m[z], 2 * g + t);
-            for (int j = 0; j < 4; j++) {
-                const vfloat w = q4_k_pair_chunk(shared[j], t, head);
-                for (int i = 0; i < tile; i++)
-                    acc[i][h] = VF_FMADD(w, x_chunk(xr[i] + k0 + 32 * (2 * g + t) + 8 * j), acc[i][h]);
-            }
-        }
-    }
-}
-
-/* Block b of the pass's columns (col[c]: column c's row of blocks) into acc. */
-INLINE void block_dot(int format, int tile, const uint8_t *const *col, int64_t ahead, int64_t b,
-                      const float *const *xr, vfloat (*acc)[4]) {
-    const int columns = VECTORS_A_PASS(tile) * COLUMNS_A_VECTOR, bv = block_values(format);
-    const int64_t bb = block_bytes(format);
-    const uint8_t *blocks[COLUMNS_AT_ONCE];
-    const float *d[COLUMNS_AT_ONCE], *m[COLUMNS_AT_ONCE];
-    k_scales ks[COLUMNS_AT_ONCE];
-    prefetch_ahead(format, col, columns, ahead, b);
-    for (int c = 0; c < columns; c++) {
-        blocks[c] = col[c] + b * bb;
-        if (is_k_quant(format)) k_scales_of(format, blocks[c], &ks[c]), d[c] = ks[c].d, m[c] = ks[c].m;
-        else d[c] = half_at(blocks[c]), m[c] = half_at(blocks[c] + 2);
-    }
-    const int group = subs_sharing_bytes(format);
-    for (int g = 0; g < bv / 32 / group; g++) {
-        if (format == Q4_K) {
-            q4_k_pair_dot(tile, blocks, d, m, g, xr, b * bv, acc);
-            continue;
-        }
-        #pragma GCC unroll 4
-        for (int t = 0; t < group; t++) sub_block_dot(format, tile, blocks, d, m, g * group + t, xr, b * bv, acc);
-    }
-}
-
-/* `rows` rows of x from row0 (a tile of `tile`: the rest repeat row0 and are dropped) against `count`
-   columns from n (at most a pass's: lanes of the others repeat column n and are dropped), over blocks
-   [first, last) of the K axis. The lane sums start from and go back to carry ([column][row][8], at column n
-   and row0) between spans; the last span writes y. tile and format are constants after inlining, so the
-   accumulators stay in registers. */
-INLINE void tile_dot(const float *x, int64_t row0, int tile, int rows, int64_t K, const uint8_t *q, int64_t row_bytes,
-                     int format, int64_t first, int64_t last, float *carry, int64_t N, int64_t n, int count,
-                     int64_t per_column, const float *bias, float *y) {
-    const int vectors = VECTORS_A_PASS(tile);
-    int at[COLUMNS_AT_ONCE];   /* each lane half's column, from n */
-    const uint8_t *col[COLUMNS_AT_ONCE];
-    for (int c = 0; c < COLUMNS_AT_ONCE; c++) at[c] = c < count ? c : 0, col[c] = q + at[c] * row_bytes;
-    const float *xr[ROW_TILE];
-    for (int i = 0; i < tile; i++) xr[i] = x + (row0 + (i < rows ? i : 0)) * K;
-    vfloat acc[ROW_TILE][4];
-    for (int i = 0; i < tile; i++)
-        for (int h = 0; h < vectors; h++) {
-            const int low = at[h * COLUMNS_A_VECTOR], high = at[h * COLUMNS_A_VECTOR + COLUMNS_A_VECTOR - 1];
-            acc[i][h] = first == 0 || i >= rows ? VF_ZERO() : halves(carry + low * per_column + 8 * i,
-                                                                     carry + high * per_column + 8 * i);
-        }
-    const int64_t pass = vectors * COLUMNS_A_VECTOR * row_bytes, ahead = (PREFETCH_BYTES + pass - 1) / pass * pass;
-    for (int64_t b = first; b < last; b++) block_dot(format, tile, col, ahead, b, xr, acc);
-    const int bv = block_values(format);
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < count; c++) {
-            const __m256 lanes = half_of(acc[i][c / COLUMNS_A_VECTOR], c % COLUMNS_A_VECTOR);
-            if (last * bv < K) _mm256_storeu_ps(carry + c * per_column + 8 * i, lanes);
-            else y[(row0 + i) * N + n + c] = sum_lanes(lanes) + (bias ? bias[n + c] : 0.0f);
-        }
-}
-
-/* `count` columns from n (at most COLUMNS_AT_ONCE) in passes of VECTORS_A_PASS(T) vectors */
-#define TILE_DOT(T, R) \
-    for (int c0 = 0, step = VECTORS_A_PASS(T) * COLUMNS_A_VECTOR; c0 < count; c0 += step) \
-        tile_dot(x, row0, T, R, K, q + c0 * row_bytes, row_bytes, format, first, last, carry + c0 * per_column, \
-                 N, n + c0, count - c0 < step ? count - c0 : step, per_column, bias, y)
-
-INLINE void rows_dot(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t row_bytes, int format,
-                     int64_t first, int64_t last, float *carry, int64_t N, int64_t n, int count, int64_t per_column,
-                     const float *bias, float *y) {
-    for (int64_t row0 = 0; row0 < M; row0 += ROW_TILE, carry += 8 * ROW_TILE) {   /* one call site a tile: */
-        const int rows = (int)(M - row0 < ROW_TILE ? M - row0 : ROW_TILE);          /* less code to compile */
-        if (rows > 4) TILE_DOT(8, rows);
-        else if (rows > 2) TILE_DOT(4, rows);
-        else if (rows == 2) TILE_DOT(2, 2);
-        else TILE_DOT(1, 1);
-    }
-}
-
-/* columns [n0, n1), COLUMNS_AT_ONCE at a time, the K axis in equal spans of whole blocks, at most
-   SPAN_VALUES, so that a span of x stays in the L1 cache while every column reads it; carry holds each
-   column's lane sums between spans. */
-INLINE void columns(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
-                    const float *bias, float *y, int64_t n0, int64_t n1, float *carry) {
-    const int bv = block_values(format);
-    const int64_t blocks = K / bv, row_bytes = blocks * block_bytes(format), per_column = 8 * M;
-    const int64_t most = bv < SPAN_VALUES ? SPAN_VALUES / bv : 1, spans = (blocks + most - 1) / most;
-    const int64_t span = (blocks + spans - 1) / spans;
-    for (int64_t first = 0; first < blocks; first += span) {
-        const int64_t last = first + span < blocks ? first + span : blocks;
-        for (int64_t n = n0; n < n1; n += COLUMNS_AT_ONCE)
-            rows_dot(x, M, K, q + n * row_bytes, row_bytes, format, first, last, carry + (n - n0) * per_column, N,
-                     n, (int)(n1 - n < COLUMNS_AT_ONCE ? n1 - n : COLUMNS_AT_ONCE), per_column, bias, y);
-    }
-}
-
-static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+static void column_range(const void *rows, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
                          const float *bias, float *y, int64_t n0, int64_t n1, float *carry) {
-#define COLUMNS(F) columns(x, M, K, q, F, N, bias, y, n0, n1, carry)
+    const float *x = rows;
+#define COLUMNS(F) columns(x, M, K, 0, q, F, N, bias, y, n0, n1, carry)
     EACH_FORMAT(format, COLUMNS)
 #undef COLUMNS
 }
@@ -204,8 +43,9 @@ INLINE void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int
 
 #else  /* plain C: the same arithmetic, one lane at a time */
 
-static void column_range(const float *x, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+static void column_range(const void *rows, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
                          const float *bias, float *y, int64_t n0, int64_t n1, float *lanes) {
+    const float *x = rows;
     const int bv = block_values(format);
     const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
     for (int64_t n = n0; n < n1; n++) {
@@ -238,65 +78,18 @@ static void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int
 
 #endif
 
-/* A weight's columns go to the threads in groups of at most GROUP_COLUMNS, about 4 groups a thread */
-static int64_t group_of(int64_t N, int threads) {
-    const int64_t group = N / (4 * (int64_t)threads);
-    return group < 1 ? 1 : group > GROUP_COLUMNS ? GROUP_COLUMNS : group;
-}
-
-static int64_t groups_of(int64_t N, int threads) { return (N + group_of(N, threads) - 1) / group_of(N, threads); }
-
-/* the weight of task `task` among the groups of every weight in turn, and its group's columns [n0, n1) */
-static int64_t weight_of_task(int64_t task, const int64_t *N, int threads, int64_t *n0, int64_t *n1) {
-    int64_t w = 0;
-    for (; task >= groups_of(N[w], threads); w++) task -= groups_of(N[w], threads);
-    const int64_t group = group_of(N[w], threads);
-    *n0 = task * group;
-    *n1 = *n0 + group < N[w] ? *n0 + group : N[w];
-    return w;
-}
-
-typedef struct {
-    const float *x;
-    int64_t M, K;
-    const uint8_t *const *q;
-    const int *formats;
-    const int64_t *N;
-    const float *const *bias;
-    float *const *y;
-    int threads;
-} Weights;
-
-static void column_task(void *context, int64_t task, int slot) {
-    (void)slot;
-    const Weights *s = context;
-    int64_t n0, n1;
-    const int64_t w = weight_of_task(task, s->N, s->threads, &n0, &n1);
-    float carry[GROUP_COLUMNS * MAX_ROWS * 8];
-    column_range(s->x, s->M, s->K, s->q[w], s->formats[w], s->N[w], s->bias[w], s->y[w], n0, n1, carry);
-}
-
-/* x: [M, K] float32; for each of `count` weights w, q[w]: [N[w], K / block values * block bytes] its blocks in
- * formats[w] (a GGML type code of quant_blocks.h), bias[w]: [N[w]] or NULL, y[w]: [M, N[w]] float32, so that
- * y[w] = x @ W[w].T + bias[w]. K is a multiple of each format's block. Every weight's column groups are tasks
- * of one job of task_pool.c's threads (a decode step's q, k and v, or gate and up: one job instead of one for
- * each weight), and each column is computed as it would be alone, whichever thread takes it. Rows go MAX_ROWS
- * at a time; a group's lane sums wait in carry between spans. */
 void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
                              const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                              int threads) {
-    int64_t tasks = 0;
-    for (int64_t w = 0; w < count; w++) tasks += groups_of(N[w], threads);
-    float *rows_y[count > 0 ? count : 1];
-    for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
-        for (int64_t w = 0; w < count; w++) rows_y[w] = y[w] + r0 * N[w];
-        Weights span = {x + r0 * K, M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, K, q, formats, N, bias, rows_y, threads};
-        swarm_pool_run(column_task, &span, tasks, threads);
-    }
+    matmul_many(column_range, x, K, M, K, count, q, formats, N, bias, y, threads);
 }
 
-void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads) {
+int swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads) {
+    if (set->bf16)
+        return swarm_quant_matmul_many_bf16(x, M, set->K, set->count, set->q, set->formats, set->N, set->bias, y,
+                                            threads);
     swarm_quant_matmul_many(x, M, set->K, set->count, set->q, set->formats, set->N, set->bias, y, threads);
+    return 0;
 }
 
 /* swarm_quant_matmul_many for one weight */

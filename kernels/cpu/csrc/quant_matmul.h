@@ -11,10 +11,12 @@ typedef struct {
     const int *formats;
     const int64_t *N;
     const float *const *bias;
+    int64_t bf16;   /* 1: bfloat16 products summed in float32 (quant_matmul.c's top); 0: float32 */
 } swarm_weight_set;
 
-/* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]] */
-void swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads);
+/* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]]. Returns -1 (y
+   untouched) when memory runs out. */
+int swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads);
 
 /* out [N, K] float32 = rows [0, N) of the blocks q (format: GGML's type code), as gguf.quants.dequantize gives them */
 void swarm_quant_dequantize(const uint8_t *q, int format, int64_t N, int64_t K, float *out, int threads);

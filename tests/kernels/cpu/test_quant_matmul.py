@@ -1,63 +1,24 @@
 """The quantized kernel against the gguf package. The blocks are a file's bytes: gguf's own quantizer makes them
 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), or random bytes with sane fp16 scales do for the K-quants it cannot make; gguf's
 dequantizer gives the float32 weights the products are checked against (in float64) and the expansion bit for bit."""
-import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import gguf.quants
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q
 
 from kernels.cpu import native, quant_matmul
 from kernels.errors import KernelError
-from kernels.reference.quant_blocks import QuantizedTensor, block_layout
 from tests.helpers import portable_kernels as portable
-from tests.helpers.tiny_gguf import K_SCALE_OFFSETS, random_k_blocks
+from tests.helpers.quant_weights import FORMATS, K_QUANTS, any_blocks, gguf_values, weight_of
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
-FORMATS = quant_matmul.FORMATS
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 # (format, K): K-quants hold 256-value blocks; 1600 and 1536 take the kernel's K axis in spans
 DEPTHS = [(f, k) for f in FORMATS for k in ((256, 1536) if f in K_QUANTS else (96, 320, 1600))]
 ROW_COUNTS = [1, 5, 8, 13, 64, 70]
 ROOT = Path(__file__).parents[3]
-
-
-@functools.cache
-def weight_of(format: str, rows: int = 37, cols: int = 320, seed: int = 0) -> tuple[QuantizedTensor, torch.Tensor]:
-    """A weight's blocks and gguf's float32 values of them."""
-    rng = np.random.default_rng(seed)
-    if format in K_QUANTS:
-        raw = random_k_blocks(rows, cols, Q[format], rng)
-    else:
-        raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), Q[format])
-    values = torch.from_numpy(gguf.quants.dequantize(raw, Q[format]))
-    return QuantizedTensor(torch.from_numpy(raw), format, cols), values
-
-
-def fp16_fields(format: str) -> tuple[int, ...]:
-    """Byte offsets of a block's fp16 scale and offset (ggml-common.h)."""
-    return tuple(K_SCALE_OFFSETS[Q[format]]) if format in K_QUANTS else (0, 2) if format in ("Q4_1", "Q5_1") else (0,)
-
-
-def any_blocks(format: str, rows: int, cols: int, seed: int) -> QuantizedTensor:
-    """Random bytes, each fp16 field zero, subnormal, negative, tiny or large (no inf or nan)."""
-    rng = np.random.default_rng(seed)
-    values, nbytes = block_layout(format)
-    blocks = rng.integers(0, 256, size=(rows * cols // values, nbytes), dtype=np.uint8)
-    specials = np.array([0.0, -0.0, 3e-8, -2e-6, 1e-3, -0.5, 7.0, 65504.0, -65504.0], np.float16)
-    for offset in fp16_fields(format):
-        blocks[:, offset:offset + 2] = rng.choice(specials, len(blocks)).view(np.uint8).reshape(-1, 2)
-    return QuantizedTensor(torch.from_numpy(blocks.reshape(rows, -1)), format, cols)
-
-
-def gguf_values(weight: QuantizedTensor) -> torch.Tensor:
-    return torch.from_numpy(gguf.quants.dequantize(weight.blocks.numpy(), Q[weight.format]))
 
 
 def assert_within_float32_rounding(y: torch.Tensor, x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor):

@@ -1,0 +1,90 @@
+/* y = x @ W.T + bias for a few rows of float32 x against a weight kept as its GGUF file's blocks (as quant_matmul.c),
+ * in bfloat16 products summed in float32: x and W rounded to bfloat16 as bf16_tiles.h rounds them (x once a call),
+ * and each output element
+ *     y[i, n] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) + bias[n],
+ *     lr, r = 4 h + j, = vdpbf16ps's pairs (k, k + 1) for k = 32 s + 16 c + 8 h + 2 j, over the sub-blocks s of 32
+ *     values and c = 0, 1 in turn, from 0:
+ *         sum = flush(sum + W[n, k + 1] x[i, k + 1]);  sum = flush(sum + W[n, k] x[i, k])
+ * whatever the number of rows or threads: a row's result does not depend on what it is batched with. On AVX512-BF16
+ * it takes half the multiply-adds of float32 (quant_columns.h's machinery, two chunks a vdpbf16ps); other builds
+ * take the same steps in plain C, slowly, for tests. Oracle: kernels/reference/bf16_matmul.py's lanes_matmul.
+ * Built by kernels/cpu/native.py, always for this CPU (-march=native); called through quant_matmul.c's weight
+ * sets and kernels/cpu/entry_points.py.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "bf16_tiles.h"
+#include "quant_columns.h"
+#include "quant_matmul_bf16.h"
+#include "task_pool.h"          /* (quant_columns.h calls it: its library too) */
+
+#if defined(__AVX512BF16__) && defined(__AVX2__) && defined(__FMA__) && COLUMNS_A_VECTOR == 2
+/* the columns in bfloat16 products: pairs [M, K / 2], x's rows rounded */
+static void column_range_bf16(const void *pairs, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                              const float *bias, float *y, int64_t n0, int64_t n1, float *carry) {
+    const float *x = pairs;   /* read as 32-bit words, K / 2 a row */
+#define COLUMNS(F) columns(x, M, K, 1, q, F, N, bias, y, n0, n1, carry)
+    EACH_FORMAT(format, COLUMNS)
+#undef COLUMNS
+}
+#define HAS_BF16_COLUMNS
+#endif
+
+#if !defined(HAS_BF16_COLUMNS)
+/* the vdpbf16ps steps of one lane: pairs (k, k + 1) of the rounded x (pairs) and the weight's values w */
+static inline float bf16_lane(float sum, uint32_t x, float w_low, float w_high) {
+    sum = bf16_flushed(sum + bf16_widened(x >> 16) * bf16_widened(bf16_bits(w_high)));
+    return bf16_flushed(sum + bf16_widened(x & 0xffffu) * bf16_widened(bf16_bits(w_low)));
+}
+
+/* the bfloat16 products' arithmetic (see the top) one lane at a time, for builds without AVX512-BF16 */
+static void column_range_bf16(const void *rows, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
+                              const float *bias, float *y, int64_t n0, int64_t n1, float *lanes) {
+    const uint32_t *pairs = rows;
+    const int bv = block_values(format);
+    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t l = 0; l < 8 * M; l++) lanes[l] = 0.0f;
+        for (int64_t b = 0; b < K / bv; b++)
+            for (int s = 0; s < bv / 32; s++) {
+                float w[32];
+                sub_block_values(format, q + n * row_bytes + b * bb, s, w);
+                for (int64_t i = 0; i < M; i++) {
+                    const uint32_t *xs = pairs + i * (K / 2) + (b * bv + 32 * s) / 2;
+                    for (int k = 0; k < 32; k += 2) {   /* k = 16 c + 8 h + 2 i: lane 4 h + i */
+                        float *lane = lanes + 8 * i + (k % 16) / 2;
+                        *lane = bf16_lane(*lane, xs[k / 2], w[k], w[k + 1]);
+                    }
+                }
+            }
+        for (int64_t i = 0; i < M; i++) {
+            const float *r = lanes + 8 * i;
+            const float sum = ((r[0] + r[4]) + (r[2] + r[6])) + ((r[1] + r[5]) + (r[3] + r[7]));
+            y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+#endif
+
+/* 1 where this build takes bfloat16 products on AVX512-BF16, 0 where it takes them in plain C */
+int swarm_quant_matmul_bf16_native(void) {
+#if defined(HAS_BF16_COLUMNS)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* swarm_quant_matmul_many in bfloat16 products (see the top): x's rows rounded once. Returns -1 (y untouched)
+   when memory runs out. */
+int swarm_quant_matmul_many_bf16(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
+                                 const int *formats, const int64_t *N, const float *const *bias, float *const *y,
+                                 int threads) {
+    uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(M * K / 2 + 1));
+    if (!pairs) return -1;
+    for (int64_t r = 0; r < M; r++) bf16_pairs_of_row(x + r * K, K, pairs + r * (K / 2));
+    matmul_many(column_range_bf16, pairs, K / 2, M, K, count, q, formats, N, bias, y, threads);
+    free(pairs);
+    return 0;
+}
