@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import torch
 
 from engine import LLM, MachineProbe, SamplingParams, SwarmError, cached_probe, wait_settings
+from engine.llm_engine import pick_device
 from swarm.bench.busy import BusyLoad
 from swarm.bench.fallback import PlainPathFallback
 from swarm.bench.floor import ModelShape, machine_floor
@@ -112,11 +113,11 @@ Progress = Callable[[str, int, int], None]   # (what runs now, measurements done
 def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> BenchReport:
     """Load every system once, then run each configuration through all of them in turn."""
     _check(options)
+    machine = _probe(options, progress)   # first: the engines' `dtype: auto` choices read it
     progress("loading swarm", 0, 0)
     runners: list[Runner] = [SwarmRunner(options, sharing=True), SwarmRunner(options, sharing=False)]
     config = runners[0].llm.config
     _check_context(options, config.max_position_embeddings)
-    machine = _probe(options, runners[0].llm.engine, progress)
     missing = {}
     try:
         for peer in options.peers:
@@ -147,9 +148,10 @@ def run_bench(options: BenchOptions, progress: Progress = lambda *_: None) -> Be
                        kernels, machine)
 
 
-def _probe(options: BenchOptions, engine, progress: Progress) -> MachineProbe | None:
-    """The CPU's rates (cached per machine); None on a GPU, whose floor the CPU's probes do not give."""
-    if engine.device.type != "cpu":
+def _probe(options: BenchOptions, progress: Progress) -> MachineProbe | None:
+    """The CPU's rates (cached per machine; with --reprobe measured before any engine loads, so that their choices
+    by measurement read this run's); None on a GPU, whose floor the CPU's probes do not give."""
+    if pick_device(options.device).type != "cpu":
         return None
     progress("measuring the machine (matmul FLOP/s, read bandwidth)", 0, 0)
     return cached_probe(reprobe=options.reprobe)
