@@ -16,8 +16,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from engine import LLM, MachineProbe, SamplingParams, SwarmError, cached_probe, wait_settings
-from engine.llm_engine import pick_device
+from engine import LLM, MachineProbe, SamplingParams, SwarmError, cached_probe, pick_device, wait_settings
 from swarm.bench.busy import BusyLoad
 from swarm.bench.fallback import PlainPathFallback
 from swarm.bench.floor import ModelShape, machine_floor

