@@ -65,26 +65,16 @@ def test_the_decode_matmul_is_timed_for_one_row_and_eight_in_each_precision_its_
         assert set(rates) == {"1", "8"} and all(0 < rate < math.inf for rate in rates.values())
 
 
-def test_a_cached_entry_without_the_decode_rates_is_probed_again(cache_dir):
+@pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s"])
+def test_a_cached_entry_without_the_kernels_rates_is_probed_again(cache_dir, rates):
     first = cached_probe(budget_s=SHORT)
-    if not first.decode_flop_s:
-        pytest.skip("no C compiler for the kernels: nothing of the decode matmul to time")
+    if not getattr(first, rates):
+        pytest.skip("no C compiler for the kernels: nothing of them to time")
     stored = json.loads(cache_path().read_text())
-    del stored[first.key]["decode_flop_s"]   # as the previous version of the file wrote it
+    del stored[first.key][rates]   # as the previous versions of the file wrote it
     cache_path().write_text(json.dumps(stored))
     again = cached_probe(budget_s=SHORT)
-    assert not again.from_cache and set(again.decode_flop_s) == set(first.decode_flop_s)
-
-
-def test_a_cached_entry_without_the_attention_rates_is_probed_again(cache_dir):
-    first = cached_probe(budget_s=SHORT)
-    if not first.attention_flop_s:
-        pytest.skip("no C compiler for the kernels: nothing of the attention to time")
-    stored = json.loads(cache_path().read_text())
-    del stored[first.key]["attention_flop_s"]   # as the previous version of the file wrote it
-    cache_path().write_text(json.dumps(stored))
-    again = cached_probe(budget_s=SHORT)
-    assert not again.from_cache and set(again.attention_flop_s) == set(first.attention_flop_s)
+    assert not again.from_cache and set(getattr(again, rates)) == set(getattr(first, rates))
 
 
 def test_the_cache_is_reused_until_reprobe(cache_dir):

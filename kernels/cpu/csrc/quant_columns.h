@@ -255,6 +255,33 @@ INLINE void columns(const float *x, int64_t M, int64_t K, int bf16, const uint8_
 
 #endif
 
+/* each row's 8 lanes (lanes + 8 i) take a sub-block's 32 values w against the row's 32 values from k0 (rows: x's
+   rows, as the caller's function reads them) */
+typedef void (*lanes_add_fn)(float *lanes, int64_t M, const float *w, const void *rows, int64_t K, int64_t k0);
+
+/* The columns in plain C, one lane at a time, for builds without the vector code: each sub-block's values
+   expanded (sub_block_values), `add` taking them into the lanes, the lanes summed as the vector code sums them. */
+static inline void plain_columns(lanes_add_fn add, const void *rows, int64_t M, int64_t K, const uint8_t *q,
+                                 int format, int64_t N, const float *bias, float *y, int64_t n0, int64_t n1,
+                                 float *lanes) {
+    const int bv = block_values(format);
+    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t l = 0; l < 8 * M; l++) lanes[l] = 0.0f;
+        for (int64_t b = 0; b < K / bv; b++)
+            for (int s = 0; s < bv / 32; s++) {
+                float w[32];
+                sub_block_values(format, q + n * row_bytes + b * bb, s, w);
+                add(lanes, M, w, rows, K, b * bv + 32 * s);
+            }
+        for (int64_t i = 0; i < M; i++) {
+            const float *r = lanes + 8 * i;
+            const float sum = ((r[0] + r[4]) + (r[2] + r[6])) + ((r[1] + r[5]) + (r[3] + r[7]));
+            y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
 /* A weight's columns go to the threads in groups of at most GROUP_COLUMNS, about 4 groups a thread */
 static int64_t group_of(int64_t N, int threads) {
     const int64_t group = N / (4 * (int64_t)threads);

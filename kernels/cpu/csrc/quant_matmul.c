@@ -43,28 +43,17 @@ INLINE void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int
 
 #else  /* plain C: the same arithmetic, one lane at a time */
 
+/* lane l % 8 of row i: the fused multiply-adds of w[l] x[i, k0 + l], in turn */
+static void add_float32(float *lanes, int64_t M, const float *w, const void *rows, int64_t K, int64_t k0) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *xs = (const float *)rows + i * K + k0;
+        for (int l = 0; l < 32; l++) lanes[8 * i + l % 8] = fmaf(w[l], xs[l], lanes[8 * i + l % 8]);
+    }
+}
+
 static void column_range(const void *rows, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
                          const float *bias, float *y, int64_t n0, int64_t n1, float *lanes) {
-    const float *x = rows;
-    const int bv = block_values(format);
-    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
-    for (int64_t n = n0; n < n1; n++) {
-        for (int64_t l = 0; l < 8 * M; l++) lanes[l] = 0.0f;
-        for (int64_t b = 0; b < K / bv; b++)
-            for (int s = 0; s < bv / 32; s++) {
-                float w[32];
-                sub_block_values(format, q + n * row_bytes + b * bb, s, w);
-                for (int64_t i = 0; i < M; i++) {
-                    const float *xs = x + i * K + b * bv + 32 * s;
-                    for (int l = 0; l < 32; l++) lanes[8 * i + l % 8] = fmaf(w[l], xs[l], lanes[8 * i + l % 8]);
-                }
-            }
-        for (int64_t i = 0; i < M; i++) {
-            const float *r = lanes + 8 * i;
-            const float sum = ((r[0] + r[4]) + (r[2] + r[6])) + ((r[1] + r[5]) + (r[3] + r[7]));
-            y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
-        }
-    }
+    plain_columns(add_float32, rows, M, K, q, format, N, bias, y, n0, n1, lanes);
 }
 
 static void expand_rows(const uint8_t *q, int format, int64_t K, int64_t n0, int64_t n1, float *out) {

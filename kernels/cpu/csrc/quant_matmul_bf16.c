@@ -38,32 +38,21 @@ static inline float bf16_lane(float sum, uint32_t x, float w_low, float w_high) 
     return bf16_flushed(sum + bf16_widened(x & 0xffffu) * bf16_widened(bf16_bits(w_low)));
 }
 
+/* lane (k % 16) / 2 of row i: the pairs (k, k + 1) of its rounded x and w, in turn */
+static void add_bf16(float *lanes, int64_t M, const float *w, const void *rows, int64_t K, int64_t k0) {
+    for (int64_t i = 0; i < M; i++) {
+        const uint32_t *xs = (const uint32_t *)rows + i * (K / 2) + k0 / 2;
+        for (int k = 0; k < 32; k += 2) {   /* k = 16 c + 8 h + 2 j: lane 4 h + j */
+            float *lane = lanes + 8 * i + (k % 16) / 2;
+            *lane = bf16_lane(*lane, xs[k / 2], w[k], w[k + 1]);
+        }
+    }
+}
+
 /* the bfloat16 products' arithmetic (see the top) one lane at a time, for builds without AVX512-BF16 */
 static void column_range_bf16(const void *rows, int64_t M, int64_t K, const uint8_t *q, int format, int64_t N,
                               const float *bias, float *y, int64_t n0, int64_t n1, float *lanes) {
-    const uint32_t *pairs = rows;
-    const int bv = block_values(format);
-    const int64_t bb = block_bytes(format), row_bytes = K / bv * bb;
-    for (int64_t n = n0; n < n1; n++) {
-        for (int64_t l = 0; l < 8 * M; l++) lanes[l] = 0.0f;
-        for (int64_t b = 0; b < K / bv; b++)
-            for (int s = 0; s < bv / 32; s++) {
-                float w[32];
-                sub_block_values(format, q + n * row_bytes + b * bb, s, w);
-                for (int64_t i = 0; i < M; i++) {
-                    const uint32_t *xs = pairs + i * (K / 2) + (b * bv + 32 * s) / 2;
-                    for (int k = 0; k < 32; k += 2) {   /* k = 16 c + 8 h + 2 i: lane 4 h + i */
-                        float *lane = lanes + 8 * i + (k % 16) / 2;
-                        *lane = bf16_lane(*lane, xs[k / 2], w[k], w[k + 1]);
-                    }
-                }
-            }
-        for (int64_t i = 0; i < M; i++) {
-            const float *r = lanes + 8 * i;
-            const float sum = ((r[0] + r[4]) + (r[2] + r[6])) + ((r[1] + r[5]) + (r[3] + r[7]));
-            y[i * N + n] = sum + (bias ? bias[n] : 0.0f);
-        }
-    }
+    plain_columns(add_bf16, rows, M, K, q, format, N, bias, y, n0, n1, lanes);
 }
 #endif
 
