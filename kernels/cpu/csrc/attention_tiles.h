@@ -1,6 +1,6 @@
-/* The dense pieces of attention over a span of keys read in place from the KV cache, shared by
- * kernels/cpu/csrc/prefix_attention.c (decode rows over the shared trunk) and kernels/cpu/csrc/rows_attention.c
- * (prefill rows): register-tiled products and a column softmax, each with a portable-C twin;
+/* The dense pieces of attention over a span of keys read in place from the KV cache: register-tiled products
+ * and a column softmax, each with a portable-C twin, for kernels/cpu/csrc/rows_attention.c (prefill rows), whose
+ * tiled products also give kernels/cpu/csrc/prefix_attention.c (decode rows over the shared trunk) its outputs;
  * a vector exp and the merge of chunks' partials, also for kernels/cpu/csrc/paged_decode.c.
  * Every sum runs in an order fixed by its operands' sizes, never by how rows are batched.
  */

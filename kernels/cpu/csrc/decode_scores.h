@@ -17,6 +17,7 @@
 #endif
 
 #define DECODE_KEYS 8   /* keys scored at once: their sums side by side, then reduced together */
+#define DECODE_CHUNK 256   /* keys a chunk: both kernels cut a context at its multiples, so their chunks agree */
 
 typedef float v8 __attribute__((vector_size(32)));
 

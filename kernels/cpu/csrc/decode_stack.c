@@ -52,11 +52,17 @@ static int64_t prefix_rows(const swarm_decode_batch *b) {
     return most;
 }
 
+/* the chunks of trunk p's keys (prefix_attention.c's) */
+static int64_t chunks_of(const swarm_decode_stack *s, const swarm_step_prefix *p) {
+    const int64_t chunk = swarm_prefix_chunk();
+    return (p->num_blocks * s->block_size + chunk - 1) / chunk;
+}
+
 /* the chunks of the longest trunk */
 static int64_t given_width(const swarm_decode_stack *s, const swarm_decode_batch *b) {
-    int64_t most = 0, chunk = swarm_prefix_chunk();
+    int64_t most = 0;
     for (int64_t p = 0; p < b->prefix_count; p++) {
-        const int64_t chunks = (b->prefixes[p].num_blocks * s->block_size + chunk - 1) / chunk;
+        const int64_t chunks = chunks_of(s, b->prefixes + p);
         most = chunks > most ? chunks : most;
     }
     return most;
@@ -79,13 +85,11 @@ static float *carve(float **next, int64_t floats) {
 
 /* each row's count of its trunk's chunks: those of the trunk it reads, 0 for the others */
 static void count_given(const swarm_decode_stack *s, const swarm_decode_batch *b, int64_t *given_chunks) {
-    const int64_t chunk = swarm_prefix_chunk();
     memset(given_chunks, 0, sizeof(int64_t) * (size_t)b->rows);
     for (int64_t p = 0; p < b->prefix_count; p++) {
         const swarm_step_prefix *prefix = b->prefixes + p;
         for (int64_t i = 0; i < prefix->count; i++)
-            if (!prefix->members || prefix->members[i])
-                given_chunks[prefix->rows[i]] = (prefix->num_blocks * s->block_size + chunk - 1) / chunk;
+            if (!prefix->members || prefix->members[i]) given_chunks[prefix->rows[i]] = chunks_of(s, prefix);
     }
 }
 

@@ -23,7 +23,7 @@
 #include "paged_decode.h"
 #include "task_pool.h"
 
-#define CHUNK 256   /* tokens a task */
+#define CHUNK DECODE_CHUNK   /* tokens a task */
 #define KEYS DECODE_KEYS
 #define VALUE_SPAN 4    /* tokens a pass of the values: fewer stores than one a token, and a small batch of
                            prefetches (a SmolLM2 layer streamed, 2,112 tokens: 1 -> 189 us, 4 -> 137, 32 -> 241) */

@@ -23,8 +23,6 @@
 #include "prefix_attention.h"
 #include "task_pool.h"
 
-#define CHUNK 256     /* keys per task: 8 tasks per KV head at a 2,048-token trunk */
-
 typedef struct {
     int64_t rows;     /* query rows for one KV head: batch * groups */
     int64_t dim;
@@ -33,6 +31,8 @@ typedef struct {
 
 #include "attention_tiles.h"
 #include "decode_scores.h"
+
+#define CHUNK DECODE_CHUNK   /* keys per task: 8 tasks per KV head at a 2,048-token trunk */
 
 /* One chunk of n keys for one KV head: partial[row] = (max, sum, unnormalised output [dim]) of the rows' queries
    q [rows x dim]; scores is scratch for rows x CHUNK. */
