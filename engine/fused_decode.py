@@ -111,9 +111,10 @@ class StackCache:
         if not (_stacked and isinstance(attention, CascadeBackend) and attention.kernels is NATIVE_KERNELS):
             return None
         caches = [attention.kv.layers[layer.self_attn.layer_index] for layer in layers]
-        key = (id(attention), tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
+        key = (id(attention), attention.bf16_decode, tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
         if key != self._key:
-            self._stack = _stack_or_none([layer.decode_kernel() for layer in layers], caches, attention.scale)
+            self._stack = _stack_or_none([layer.decode_kernel() for layer in layers], caches, attention.scale,
+                                         attention.bf16_decode)
             self._key = key
         return self._stack
 
@@ -141,11 +142,11 @@ def _trunks(plan: DecodePlan) -> list[Trunk]:
     return trunks
 
 
-def _stack_or_none(kernels: list[DecodeLayer | None], caches, scale: float) -> DecodeStack | None:
+def _stack_or_none(kernels: list[DecodeLayer | None], caches, scale: float, bf16: bool) -> DecodeStack | None:
     if not (DecodeStack.available() and all(kernel is not None for kernel in kernels)
             and all(_float32_on_cpu(k) and _float32_on_cpu(v) for k, v in caches)):
         return None
-    return DecodeStack(kernels, caches, scale)
+    return DecodeStack(kernels, caches, scale, bf16_attention=bf16)
 
 
 def _float32_on_cpu(tensor: torch.Tensor) -> bool:

@@ -54,6 +54,7 @@ class LLMEngine:
         self.prompt_precision = prompt_matmul.choose(options.dtype, self.device, self.dtype)
         prompt_attention = prompt_matmul.choose_attention(self.prompt_precision)
         self.decode_precision = prompt_matmul.choose_decode(self.prompt_precision)
+        decode_attention = prompt_matmul.choose_decode_attention(self.decode_precision, prompt_attention)
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
@@ -75,7 +76,7 @@ class LLMEngine:
         graphs = None if self.states is not None else decode_graphs.engine_settings(
             options, self.device, num_blocks, self.config.max_position_embeddings)
         self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states,
-                                  self.prompt_precision, prompt_attention)
+                                  self.prompt_precision, prompt_attention, decode_attention)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -199,12 +200,14 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
-        precision of prompts' products and of their attention's, of decode rows' products on the quantized layers,
+        precision of prompts' products and of their attention's, of decode rows' products on the quantized layers
+        and of their attention's,
         whether decode steps replay as graphs, and on a hybrid the gated delta rule's kernels (torch or fla)."""
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
                   "prompt_attention": attention.prompt_attention(), "decode_products": self.decode_precision,
+                  "decode_attention": attention.decode_attention(),
                   "decode_graphs": self.runner.graphs_state()}
         if self.delta_rule is not None:
             chosen["delta_rule"] = self.delta_rule

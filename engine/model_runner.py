@@ -19,7 +19,8 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, kv: KVCache, device: torch.device, cascade: bool = True,
                  graphs: GraphSettings | None = None, states: StatePool | None = None,
-                 prompt_precision: str = "float32", prompt_attention: str = "float32"):
+                 prompt_precision: str = "float32", prompt_attention: str = "float32",
+                 decode_attention: str = "float32"):
         assert model.config.is_hybrid == (states is not None), "a hybrid model runs with a state pool, only it"
         assert states is None or graphs is None, "a hybrid model's decode steps run eagerly"
         self.model = model
@@ -29,6 +30,7 @@ class ModelRunner:
         self.prompt_precision = prompt_precision   # of prompt rows' products (engine.prompt_matmul)
         self.attention = select_backend(kv, scale=model.config.head_dim ** -0.5)
         self.attention.use_prompt_attention(prompt_attention)   # (engine.prompt_matmul.choose_attention)
+        self.attention.use_decode_attention(decode_attention)   # (engine.prompt_matmul.choose_decode_attention)
         self.cascade = cascade
         self.use_graphs(graphs)
         self.use_cascade(cascade)

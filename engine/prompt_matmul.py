@@ -88,6 +88,14 @@ def choose_decode(precision: str) -> str:
     return "bfloat16" if fast else "float32"
 
 
+def choose_decode_attention(decode_products: str, prompt_attention: str) -> str:
+    """The precision of last-token rows' attention products (decode steps): bfloat16 where decode rows take
+    bfloat16 products (choose_decode) and the probe measured the attention kernels' bfloat16 products faster
+    (choose_attention): the decode kernels multiply as the prompt kernel does, on the same instruction; float32
+    otherwise."""
+    return "bfloat16" if decode_products == prompt_attention == "bfloat16" else "float32"
+
+
 def _usable(path: str) -> bool:
     if path == "bfloat16":
         return _fpmath_available()

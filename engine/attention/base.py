@@ -68,6 +68,13 @@ class AttentionBackend(Protocol):
     def prompt_attention(self) -> str:
         """The precision prompt rows' attention products take in steps whose matmuls take bfloat16."""
 
+    def use_decode_attention(self, precision: str) -> None:
+        """Last-token rows' attention products (decode steps, a prefill's last layer) in `precision` ("bfloat16"
+        or "float32", engine.prompt_matmul's choose_decode_attention), where the kernel set has such products."""
+
+    def decode_attention(self) -> str:
+        """The precision last-token rows' attention products take."""
+
     def plan(self, batch: AttentionBatch) -> None:
         """Once a step, before the model runs: the cascade split of `batch` (shared prefixes and private
         tables for the last-token queries, prefill groups over a cached trunk), stored on `batch.plan`."""

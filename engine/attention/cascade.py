@@ -34,6 +34,7 @@ class CascadeBackend:
         self.device = kv.layers[0][0].device
         self.min_prefix_tokens: float = MIN_PREFIX_TOKENS
         self.bf16_prompts = False
+        self.bf16_decode = False
 
     def use_cascade(self, on: bool) -> None:
         self.min_prefix_tokens = MIN_PREFIX_TOKENS if on else float("inf")
@@ -77,7 +78,7 @@ class CascadeBackend:
         if plan.prefixes and kernels.trunk_chunks is not None and native_attention.takes_c(q, k_cache, v_cache):
             return self._with_trunk_chunks(q, k_cache, v_cache, plan)
         out, lse = kernels.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens,
-                                                 self.scale)
+                                                 self.scale, **self._decode_precision())
         for prefix in plan.prefixes:
             k, v = prefix_kv(k_cache, prefix), prefix_kv(v_cache, prefix)
             shared_out, shared_lse = kernels.prefix_attention(q[prefix.rows], k, v, self.scale)
@@ -90,7 +91,8 @@ class CascadeBackend:
     def _with_trunk_chunks(self, q, k_cache, v_cache, plan: DecodePlan) -> torch.Tensor:
         batch, heads, dim = q.shape
         pieces = [(prefix, self.kernels.trunk_chunks(q[prefix.rows], prefix_kv(k_cache, prefix),
-                                                     prefix_kv(v_cache, prefix), self.scale))
+                                                     prefix_kv(v_cache, prefix), self.scale,
+                                                     **self._decode_precision()))
                   for prefix in plan.prefixes]
         partials = q.new_zeros(batch, max(chunks.shape[1] for _, chunks in pieces), heads, dim + 2)
         counts = torch.zeros(batch, dtype=torch.int64)
@@ -102,8 +104,19 @@ class CascadeBackend:
             counts[prefix.rows] = taken
         given = native_attention.TrunkChunks(partials, counts)
         out, _ = self.kernels.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens,
-                                                    self.scale, given=given)
+                                                    self.scale, given=given, **self._decode_precision())
         return out
+
+    def use_decode_attention(self, precision: str) -> None:
+        bf16 = precision == "bfloat16" and self.kernels.decode_bf16
+        self.bf16_decode = bf16 and native_attention.bf16_products_native()
+
+    def decode_attention(self) -> str:
+        return "bfloat16" if self.bf16_decode else "float32"
+
+    def _decode_precision(self) -> dict[str, bool]:
+        """The decode kernels' precision argument: only kernel sets with bfloat16 products take it."""
+        return {"bf16": True} if self.bf16_decode else {}
 
     def _prefill(self, q, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
         """The prompt chunks' rows: those after the decode rows."""

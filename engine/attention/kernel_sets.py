@@ -27,6 +27,7 @@ class AttentionKernels:
     trunk_chunks: Callable | None = None   # a trunk's chunks' partials for paged_decode_with_lse's `given`, so that
                                            # a row gets the bits of its whole context read alone; None: merged by lse
     decode_chunk: Callable[[], int] | None = None   # the keys of those chunks: a shared trunk is cut at a multiple
+    decode_bf16: bool = False   # paged_decode_with_lse and trunk_chunks take bf16=True: bfloat16 products
 
 
 REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
@@ -40,7 +41,7 @@ NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_att
                                   prefill_rows=native_attention.RowsKernel(),
                                   prefill_rows_bf16=native_attention.RowsKernel(bf16=True),
                                   trunk_chunks=native_attention.trunk_chunks,
-                                  decode_chunk=native_attention.decode_chunk)
+                                  decode_chunk=native_attention.decode_chunk, decode_bf16=True)
 
 
 def triton_kernels() -> AttentionKernels:

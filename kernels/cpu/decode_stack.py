@@ -23,7 +23,8 @@ _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 class _Stack(ctypes.Structure):
     _fields_ = [("layers", ctypes.POINTER(Layer)), ("k_caches", ctypes.POINTER(_ptr)),
-                ("v_caches", ctypes.POINTER(_ptr)), ("count", _i64), ("block_size", _i64), ("scale", _f32)]
+                ("v_caches", ctypes.POINTER(_ptr)), ("count", _i64), ("block_size", _i64), ("scale", _f32),
+                ("bf16_attention", ctypes.c_int)]
 
 
 class _Prefix(ctypes.Structure):
@@ -50,9 +51,10 @@ class Trunk:
 
 class DecodeStack:
     """The decoder's layers in order, each with its layer's (k_cache, v_cache): [blocks, block_size, kv_heads,
-    head_dim] float32."""
+    head_dim] float32. bf16_attention: the attention's products in bfloat16, as native_attention's bf16=True."""
 
-    def __init__(self, layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Tensor]], scale: float):
+    def __init__(self, layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Tensor]], scale: float,
+                 bf16_attention: bool = False):
         _check(layers, caches)
         self.layers, self.caches = layers, caches
         self.head_dim, self.hidden = layers[0].head_dim, layers[0].hidden
@@ -61,7 +63,7 @@ class DecodeStack:
         self._arrays = ((Layer * count)(*(layer.description for layer in layers)),
                         (_ptr * count)(*(k.data_ptr() for k, _ in caches)),
                         (_ptr * count)(*(v.data_ptr() for _, v in caches)))
-        self._stack = _Stack(*self._arrays, count, self.block_size, scale)
+        self._stack = _Stack(*self._arrays, count, self.block_size, scale, int(bf16_attention))
         self._by_reference = ctypes.byref(self._stack)
         self._library = entry_points.library(OP)
 

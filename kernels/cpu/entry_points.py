@@ -242,10 +242,11 @@ def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tabl
 
 
 def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                 lengths: Tensor, scale: float, given: Tensor | None = None,
-                 given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """given [batch, width, heads, dim + 2]: the partials of whole chunks before each table (prefix_partials'),
-    given_chunks[b] of them for row b, merged before the row's own chunks."""
+                 lengths: Tensor, scale: float, given: Tensor | None = None, given_chunks: Tensor | None = None,
+                 bf16: bool = False) -> tuple[Tensor, Tensor]:
+    """given [batch, width, heads, dim + 2]: the partials of whole chunks before each table (prefix_partials', in
+    the same precision), given_chunks[b] of them for row b, merged before the row's own chunks. bf16: the products
+    in bfloat16 summed in float32 (csrc/decode_bf16.h)."""
     out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given, given_chunks)
     batch, heads, dim = q.shape
     width = 0 if given is None else given.shape[1]
@@ -254,8 +255,8 @@ def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, 
     failed = lib.swarm_paged_decode(q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(),
                                     v_cache.data_ptr(), k_cache.shape[1], block_tables.data_ptr(),
                                     block_tables.shape[1], lengths.data_ptr(), _ptr_or_null(given),
-                                    _ptr_or_null(given_chunks), width, scale, out.data_ptr(), lse.data_ptr(),
-                                    torch.get_num_threads())
+                                    _ptr_or_null(given_chunks), width, scale, int(bf16), out.data_ptr(),
+                                    lse.data_ptr(), torch.get_num_threads())
     if failed:
         raise MemoryError("paged decode attention could not allocate its scores")
     return out, lse
@@ -281,15 +282,16 @@ def prefix_partials_outputs(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tens
     return q.new_empty(batch, -(-k.shape[0] // chunk), heads, dim + 2)
 
 
-def prefix_partials(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+def prefix_partials(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False) -> Tensor:
     """Each row's attention over a trunk, left as its chunks' partials [batch, chunks, heads, dim + 2] (max, sum,
-    unnormalised output) for paged_decode's given; the last chunk holds what is left of the keys."""
+    unnormalised output) for paged_decode's given; the last chunk holds what is left of the keys. bf16: as
+    paged_decode's."""
     partials = prefix_partials_outputs(q, k, v, lib.swarm_prefix_chunk())
     batch, heads, dim = q.shape
     rows = torch.arange(batch, dtype=torch.int64)
     failed = lib.swarm_prefix_partials(q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
-                                       k.shape[0], scale, partials.data_ptr(), rows.data_ptr(), partials.shape[1],
-                                       torch.get_num_threads())
+                                       k.shape[0], scale, int(bf16), partials.data_ptr(), rows.data_ptr(),
+                                       partials.shape[1], torch.get_num_threads())
     if failed:
         raise MemoryError("shared-prefix attention could not allocate its scratch memory")
     return partials

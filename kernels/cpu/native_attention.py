@@ -103,10 +103,11 @@ def bf16_products_native() -> bool:
 
 def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, lengths: torch.Tensor, scale: float,
-                          library: ctypes.CDLL | None = None, given: TrunkChunks | None = None):
+                          library: ctypes.CDLL | None = None, given: TrunkChunks | None = None, bf16: bool = False):
     """Contract of kernels.reference.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
-    others go to the SDPA path. given: the chunks of a trunk before each row's table (trunk_chunks'), merged with
-    the row's own in one pass. library: tests pass other builds of the kernel."""
+    others go to the SDPA path. given: the chunks of a trunk before each row's table (trunk_chunks', in the same
+    precision), merged with the row's own in one pass. bf16: both products in bfloat16 summed in float32
+    (csrc/decode_bf16.h; its oracle: kernels.reference.decode_bf16). library: tests pass other builds."""
     if not (takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         if given is not None:
             raise ValueError("a trunk's chunks go with the C kernel's float32 CPU tensors")
@@ -114,7 +115,7 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     tables = block_tables.to(torch.int64).contiguous()
     partials, counts = (None, None) if given is None else (given.partials, given.counts)
     return ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths.to(torch.int64).contiguous(), scale,
-                            partials, counts, library=library)
+                            partials, counts, bf16, library=library)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +133,12 @@ def decode_chunk() -> int:
 
 
 def trunk_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                 library: ctypes.CDLL | None = None) -> torch.Tensor:
+                 library: ctypes.CDLL | None = None, bf16: bool = False) -> torch.Tensor:
     """Rows q [batch, heads, dim] over a trunk k, v [keys, kv_heads, dim]: each chunk's partials [batch, chunks,
-    heads, dim + 2], with the bits paged_decode_with_lse gives those chunks. Where the trunk is whole chunks
-    (decode_chunk()), a row's attention merged with these gets the bits of its whole context read alone."""
-    return ops.prefix_partials(q.contiguous(), k.contiguous(), v.contiguous(), scale, library=library)
+    heads, dim + 2], with the bits paged_decode_with_lse gives those chunks in the same precision (bf16). Where
+    the trunk is whole chunks (decode_chunk()), a row's attention merged with these gets the bits of its whole
+    context read alone."""
+    return ops.prefix_partials(q.contiguous(), k.contiguous(), v.contiguous(), scale, bf16, library=library)
 
 
 def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor):

@@ -124,15 +124,15 @@ def _bf16_matmul(pairs: Tensor, panels: Tensor, rows: int, bias: Tensor | None, 
 
 @custom_op("swarm::paged_decode", mutates_args=())
 def _paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor,
-                  scale: float, given: Tensor | None = None,
-                  given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  scale: float, given: Tensor | None = None, given_chunks: Tensor | None = None,
+                  bf16: bool = False) -> tuple[Tensor, Tensor]:
     return entry_points.paged_decode(built("paged_decode"), q, k_cache, v_cache, block_tables, lengths, scale, given,
-                                     given_chunks)
+                                     given_chunks, bf16)
 
 
 @custom_op("swarm::prefix_partials", mutates_args=())
-def _prefix_partials(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    return entry_points.prefix_partials(built("prefix_attention"), q, k, v, scale)
+def _prefix_partials(q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False) -> Tensor:
+    return entry_points.prefix_partials(built("prefix_attention"), q, k, v, scale, bf16)
 
 
 @custom_op("swarm::prefix_attention", mutates_args=())
@@ -166,10 +166,10 @@ _bf16_round_rows.register_fake(entry_points.bf16_round_rows_outputs)
 _bf16_pack_weight.register_fake(entry_points.bf16_pack_weight_outputs)
 _bf16_pack_quant.register_fake(entry_points.bf16_pack_quant_outputs)
 _bf16_matmul.register_fake(entry_points.bf16_matmul_outputs)
-_paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale, given=None, given_chunks=None:
-                            entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given,
-                                                              given_chunks))
-_prefix_partials.register_fake(lambda q, k, v, scale: entry_points.prefix_partials_outputs(
+_paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale, given=None, given_chunks=None,
+                            bf16=False: entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths,
+                                                                          given, given_chunks))
+_prefix_partials.register_fake(lambda q, k, v, scale, bf16=False: entry_points.prefix_partials_outputs(
     q, k, v, built("prefix_attention").swarm_prefix_chunk()))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
 _rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None:

@@ -32,11 +32,11 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_bf16_matmul": ([_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64,
-                                _f32, _ptr, _ptr, _int], _int)},
+                                _f32, _int, _ptr, _ptr, _int], _int)},
     "prefix_attention": {
         "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr, _int], _int),
-        "swarm_prefix_partials": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr, _i64, _int],
-                                  _int),
+        "swarm_prefix_partials": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _int, _ptr, _ptr, _i64,
+                                   _int], _int),
         "swarm_prefix_chunk": ([], _i64),
         "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)},
     "rows_attention": {

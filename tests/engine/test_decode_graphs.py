@@ -22,7 +22,11 @@ def swarm_prompts(trunk_len: int, suffix_len: int, agents: int) -> list[list[int
 
 
 def _engine(folder, cascade=True, device="cpu", **options):
-    """On the CPU unless asked (also on a GPU machine): float32, where a padded row must change no bit that matters."""
+    """On the CPU unless asked (also on a GPU machine): float32, where a padded row must change no bit that matters.
+    On the CPU float32 is asked for: auto may take bfloat16 products, whose decode attention rounds the trunk read
+    in a padded step's pieces (not cut at whole chunks) a bfloat16 rounding away from the eager step's."""
+    if device == "cpu":
+        options.setdefault("dtype", "float32")
     return LLM(folder, kv_budget_tokens=4096, max_num_seqs=AGENTS, cascade_attention=cascade, device=device,
                **options).engine
 

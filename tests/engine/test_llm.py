@@ -51,20 +51,25 @@ def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, va
     the plain C code on a CPU without AVX512-BF16), where a last bit apart would round apart. Suffixes of 80 tokens:
     float32 prompt rows take the decode kernel in chunks of up to 64 rows and the GEMM past that, whose sums run in
     another order, so a 7-token suffix computed over the shared trunk gets other bits than inside its whole prompt
-    (the tokens stay the same: test_sharing_on_off_and_alone_give_identical_greedy_output)."""
+    (the tokens stay the same: test_sharing_on_off_and_alone_give_identical_greedy_output). In bfloat16 the decode
+    attention's products are bfloat16 too, where this build multiplies them natively."""
     from engine import prompt_matmul
     from engine.llm_engine import EngineOptions, LLMEngine
+    from kernels.cpu import native_attention
     from tests.helpers.engine_runs import run_with_logits
 
     prompt_products = prompt_matmul.KERNEL if decode == "bfloat16" else "float32"
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_products)
     monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: decode)
+    monkeypatch.setattr(prompt_matmul, "choose_decode_attention", lambda products, prompt_attention: decode)
     folder = str(tiny_model_dir(variant))
     _, prompts = swarm_prompts(trunk_len=300, suffix_len=80, agents=4, seed=5)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     shared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1"))
     assert shared.runner.attention.kernels.name == "native"
     assert shared.kernels()["decode_products"] == decode
+    bf16_attention = decode == "bfloat16" and native_attention.bf16_products_native()
+    assert shared.kernels()["decode_attention"] == ("bfloat16" if bf16_attention else "float32")
     together, _ = run_with_logits(shared, prompts, params)
     unshared = LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1", enable_prefix_caching=False))
     runs = [together, run_with_logits(unshared, prompts, params)[0],

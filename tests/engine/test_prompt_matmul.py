@@ -158,6 +158,14 @@ def test_decode_rows_take_bfloat16_where_the_probe_measured_eight_of_them_faster
     assert prompt_matmul.choose_decode(precision) == expected
 
 
+@pytest.mark.parametrize(("products", "prompt_attention", "expected"),
+                         [("bfloat16", "bfloat16", "bfloat16"), ("bfloat16", "float32", "float32"),
+                          ("float32", "bfloat16", "float32"), ("float32", "float32", "float32")])
+def test_decode_attention_takes_bfloat16_where_decode_rows_and_the_prompts_attention_do(products, prompt_attention,
+                                                                                         expected):
+    assert prompt_matmul.choose_decode_attention(products, prompt_attention) == expected
+
+
 @pytest.mark.skipif(not bf16_matmul.native(), reason="swarm's bfloat16 kernel is not native on this CPU")
 @pytest.mark.parametrize(("bf16_flop_s", "sums", "kernel_flop_s", "expected"),
                          [(3e11, True, 4e11, KERNEL), (3e11, False, 2e11, KERNEL), (3e11, True, 2e11, "bfloat16"),

@@ -50,6 +50,23 @@ static inline void bf16_pairs_of_row(const float *row, int64_t count, uint32_t *
         pairs[j] = bf16_pair(row[2 * j], row[2 * j + 1]);
 }
 
+#define BF16_AHEAD_REGIONS 16
+
+typedef struct {   /* memory read next: pairs of stretches of `lines` cache lines each (a chunk's keys and values,
+                      in place or block by block), prefetched `step` lines of each a pair of a product's step */
+    const char *first[BF16_AHEAD_REGIONS], *second[BF16_AHEAD_REGIONS];
+    int64_t regions, lines, step;
+    int64_t region, line;   /* the next line to prefetch */
+} bf16_ahead;
+
+static inline void bf16_prefetch_next(bf16_ahead *ahead) {
+    for (int64_t i = 0; i < ahead->step && ahead->region < ahead->regions; i++) {
+        __builtin_prefetch(ahead->first[ahead->region] + 64 * ahead->line, 0, 3);
+        __builtin_prefetch(ahead->second[ahead->region] + 64 * ahead->line, 0, 3);
+        if (++ahead->line == ahead->lines) ahead->line = 0, ahead->region++;
+    }
+}
+
 typedef struct {
     const uint32_t *a;
     int64_t a_step, pairs;
@@ -59,9 +76,15 @@ typedef struct {
     float scale;
     float *y;
     int64_t y_step;
+    bf16_ahead *ahead;    /* or NULL: memory to prefetch as the products run (the decode attention's next chunk) */
 } bf16_problem;
 
 #if defined(__AVX512BF16__)
+/* the lanes of panel q of `panels` that hold outputs: the last panel's first `last` */
+static inline __mmask16 bf16_lanes(int q, int panels, int64_t last) {
+    return q < panels - 1 || last >= BF16_LANES ? (__mmask16)0xffff : (__mmask16)((1u << last) - 1);
+}
+
 /* rows x panels outputs (the last panel's first `last` lanes) from row 0 and panel 0 of the problem's pointers */
 static inline __attribute__((always_inline)) void bf16_step(int rows, int panels, const bf16_problem *p,
                                                             int64_t last) {
@@ -69,7 +92,10 @@ static inline __attribute__((always_inline)) void bf16_step(int rows, int panels
     for (int r = 0; r < rows; r++)
         for (int q = 0; q < panels; q++)
             sum[r][q] = _mm512_setzero_ps();
+    bf16_ahead ahead;   /* a copy the loop keeps in registers, its place written back after */
+    if (p->ahead) ahead = *p->ahead;
     for (int64_t j = 0; j < p->pairs; j++) {
+        if (p->ahead) bf16_prefetch_next(&ahead);
         __m512bh b[BF16_PANELS];
         for (int q = 0; q < panels; q++)
             b[q] = (__m512bh)_mm512_loadu_si512(p->b + q * p->panel_step + j * p->pair_step);
@@ -79,10 +105,10 @@ static inline __attribute__((always_inline)) void bf16_step(int rows, int panels
                 sum[r][q] = _mm512_dpbf16_ps(sum[r][q], b[q], a);
         }
     }
+    if (p->ahead) p->ahead->region = ahead.region, p->ahead->line = ahead.line;
     const __m512 scale = _mm512_set1_ps(p->scale);
     for (int q = 0; q < panels; q++) {
-        const __mmask16 lanes = q < panels - 1 || last >= BF16_LANES ? (__mmask16)0xffff
-                                                                    : (__mmask16)((1u << last) - 1);
+        const __mmask16 lanes = bf16_lanes(q, panels, last);
         const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(lanes, p->bias + q * BF16_LANES) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++) {
             __m512 y = _mm512_mul_ps(sum[r][q], scale);

@@ -24,6 +24,7 @@ typedef struct {
     float *const *k_caches, *const *v_caches;    /* each layer's: [blocks, block_size, kv_heads, head_dim] */
     int64_t count, block_size;
     float scale;                                 /* the softmax scale */
+    int bf16_attention;                          /* the attention's products in bfloat16 (decode_bf16.h) */
 } swarm_decode_stack;
 
 typedef struct {                 /* a trunk some rows share (engine.attention.plan.SharedPrefix) */
@@ -141,7 +142,8 @@ static int trunk_chunks(const swarm_decode_stack *s, const swarm_decode_layer *l
     const float *k = trunk_of(s->k_caches[layer], p, block_floats, f->prefix_k);
     const float *v = trunk_of(s->v_caches[layer], p, block_floats, f->prefix_v);
     return swarm_prefix_partials(f->prefix_q, p->count, l->heads, l->kv_heads, l->head_dim, k, v,
-                                 p->num_blocks * s->block_size, s->scale, f->given, p->rows, f->given_width, threads);
+                                 p->num_blocks * s->block_size, s->scale, s->bf16_attention, f->given, p->rows,
+                                 f->given_width, threads);
 }
 
 /* one layer: x [rows, hidden] -> f->next; its new K and V written */
@@ -155,7 +157,7 @@ static int layer_step(const swarm_decode_stack *s, int64_t layer, const swarm_de
         if (trunk_chunks(s, l, layer, b->prefixes + p, f, threads)) return -1;
     if (swarm_paged_decode(f->q, rows, l->heads, l->kv_heads, l->head_dim, s->k_caches[layer], s->v_caches[layer],
                            s->block_size, b->tables, b->width, b->lengths, f->given, f->given_chunks, f->given_width,
-                           s->scale, f->attended, f->lse, threads))
+                           s->scale, s->bf16_attention, f->attended, f->lse, threads))
         return -1;
     if (swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads)) return -1;
     silu_mul_run(f->gate, f->up, rows * l->gate_up->N[0], f->gate);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attention_tiles.h"
+#include "decode_bf16.h"
 #include "decode_scores.h"
 #include "paged_decode.h"
 #include "task_pool.h"
@@ -40,6 +41,7 @@ typedef struct {
     const int64_t *tables;
     int64_t heads, kv_heads, groups, dim, block_size, width;
     float scale;
+    int bf16;   /* the products in bfloat16 (decode_bf16.h) */
 } Problem;
 
 /* where the rows of tokens [first, first + n) of sequence b start in the caches (in floats), block by
@@ -135,18 +137,70 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
     }
 }
 
+/* the steps of a chunk of n keys' products in chunk_task_bf16, each of which prefetches (bf16_tiles.h) */
+static int64_t bf16_product_steps(const Problem *p, int64_t n) {
+    const int64_t row_steps = (p->groups + BF16_ROWS - 1) / BF16_ROWS, span = BF16_PANELS * BF16_LANES;
+    return p->kv_heads * row_steps * ((n + span - 1) / span * p->dim / 2 + (p->dim + span - 1) / span * (n + 1) / 2);
+}
+
+/* the blocks of tokens [first, first + n) of sequence b (a block's tokens lie side by side, every KV head's), to
+   prefetch over `steps` steps of products */
+static bf16_ahead blocks_ahead(const Problem *p, int64_t b, int64_t first, int64_t n, int64_t steps) {
+    bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
+    const int64_t row = p->kv_heads * p->dim, block0 = first / p->block_size;
+    const int64_t blocks = (first + n - 1) / p->block_size - block0 + 1;
+    if (n <= 0 || first % p->block_size || blocks > BF16_AHEAD_REGIONS) return ahead;
+    for (int64_t i = 0; i < blocks; i++) {
+        const int64_t at = p->tables[b * p->width + block0 + i] * p->block_size * row;
+        ahead.first[i] = (const char *)(p->k_cache + at), ahead.second[i] = (const char *)(p->v_cache + at);
+    }
+    ahead.regions = blocks, ahead.lines = p->block_size * row * (int64_t)sizeof(float) / 64;
+    ahead.step = (blocks * ahead.lines + steps - 1) / steps;
+    return ahead;
+}
+
+/* chunk_task in bfloat16 products (decode_bf16.h): the chunk packed, then each KV head's rows over it; scratch:
+   bf16_scratch_words; ahead: the chunk the thread likely takes next, prefetched as this one computes (or NULL) */
+static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t n, uint32_t *scratch,
+                            float *partial, bf16_ahead *ahead) {
+    const int64_t dim = p->dim, groups = p->groups, part = dim + 2;
+    int64_t rows[CHUNK];
+    token_rows(p, b, first, n, rows);
+    pack_decode_chunk(p->k_cache, p->v_cache, rows, n, p->kv_heads, 0, p->kv_heads, dim, scratch);
+    const DecodeBf16Scratch w = decode_bf16_scratch(scratch + decode_packed_words(p->kv_heads, dim), groups, dim);
+    for (int64_t h = 0; h < p->kv_heads; h++)
+        decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, scratch, p->kv_heads, h, n, dim,
+                          p->scale, w, partial + h * groups * part, part, ahead);
+}
+
+static int64_t bf16_scratch_words(const Problem *p) {
+    return decode_packed_words(p->kv_heads, p->dim) + decode_scratch_words(p->groups, p->dim);
+}
+
 typedef struct {
     const Problem *p;
     const int64_t *lengths, *owner, *first, *slot;   /* each task's sequence, first token and slot in partials */
     float *partials, *probs;                          /* probs: each thread's chunk_task scratch */
+    int64_t scratch, tasks;                           /* its floats; the tasks */
 } Chunks;
 
 static void chunk_of(void *context, int64_t task, int slot) {
     const Chunks *t = context;
     const Problem *p = t->p;
     const int64_t b = t->owner[task], first = t->first[task], len = context_of(t->lengths, b, p->width, p->block_size);
-    chunk_task(p, b, first, len - first < CHUNK ? len - first : CHUNK, t->probs + slot * p->heads * CHUNK,
-               t->partials + t->slot[task] * p->heads * (p->dim + 2));
+    const int64_t n = len - first < CHUNK ? len - first : CHUNK;
+    float *scratch = t->probs + slot * t->scratch, *partial = t->partials + t->slot[task] * p->heads * (p->dim + 2);
+    if (p->bf16) {   /* the next task: the caller takes them from the front, the pool's threads from the back */
+        const int64_t next = slot == 0 ? task + 1 : task - 1;
+        bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
+        if (next >= 0 && next < t->tasks) {
+            const int64_t nb = t->owner[next], nf = t->first[next];
+            const int64_t nlen = context_of(t->lengths, nb, p->width, p->block_size);
+            ahead = blocks_ahead(p, nb, nf, nlen - nf < CHUNK ? nlen - nf : CHUNK, bf16_product_steps(p, n));
+        }
+        chunk_task_bf16(p, b, first, n, (uint32_t *)scratch, partial, &ahead);
+    } else
+        chunk_task(p, b, first, n, scratch, partial);
 }
 
 typedef struct {      /* where each sequence's chunks go */
@@ -191,9 +245,10 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
                      float *out, float *lse, int threads) {
     const int64_t part = p->heads * (p->dim + 2), dim = p->dim;
     if (threads < 1) threads = 1;
-    float *probs = malloc(sizeof(float) * (size_t)(threads * p->heads * CHUNK));
+    const int64_t scratch = p->bf16 ? bf16_scratch_words(p) : p->heads * CHUNK;
+    float *probs = malloc(sizeof(float) * (size_t)(threads * scratch));
     if (!probs) return 1;
-    Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs};
+    Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs, scratch, l->tasks};
     swarm_pool_run(chunk_of, &tasks, l->tasks, threads);
     free(probs);
     for (int64_t head = 0; head < batch * p->heads; head++) {
@@ -209,13 +264,15 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
  * given (or NULL): [batch, given_width, heads, dim + 2], the partials (max, sum, unnormalised output) of whole
  * chunks before each table's first token, computed elsewhere (swarm_prefix_partials, for a shared trunk):
  * sequence b's first given_chunks[b] are merged with its own, before them, as if its table held their tokens.
+ * bf16: the products in bfloat16 (decode_bf16.h); given partials then come from swarm_prefix_partials in bf16.
  * dim is a multiple of 8. A sequence with no tokens gets out = 0 and lse = -inf. Returns -1 when
  * scratch memory runs out. */
 int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
                        const float *k_cache, const float *v_cache, int64_t block_size, const int64_t *tables,
                        int64_t width, const int64_t *lengths, const float *given, const int64_t *given_chunks,
-                       int64_t given_width, float scale, float *out, float *lse, int threads) {
-    const Problem p = {q, k_cache, v_cache, tables, heads, kv_heads, heads / kv_heads, dim, block_size, width, scale};
+                       int64_t given_width, float scale, int bf16, float *out, float *lse, int threads) {
+    const Problem p = {q, k_cache, v_cache, tables, heads, kv_heads, heads / kv_heads, dim, block_size, width, scale,
+                       bf16};
     const int64_t part = heads * (dim + 2);
     Layout l = {0};
     int failed = lay_out(&l, batch, lengths, given ? given_chunks : NULL, width, block_size);

@@ -30,6 +30,7 @@ typedef struct {
 } Shape;
 
 #include "attention_tiles.h"
+#include "decode_bf16.h"
 #include "decode_scores.h"
 
 #define CHUNK DECODE_CHUNK   /* keys per task: 8 tasks per KV head at a 2,048-token trunk */
@@ -58,8 +59,10 @@ typedef struct {
     Shape s;
     int64_t kv_heads, chunks, keys;
     int whole_chunks;               /* a task: a chunk, every KV head; else one KV head of one chunk */
+    int bf16;                       /* the products in bfloat16 (decode_bf16.h) */
     float scale;
-    float *partials, *scores;       /* scores: each thread's scratch */
+    float *partials, *scores;       /* scores: each thread's scratch, `scratch` floats */
+    int64_t scratch;
 } Chunks;
 
 /* KV head h's part of chunk c */
@@ -68,26 +71,62 @@ static void head_of_chunk(const Chunks *t, int64_t h, int64_t c, int slot) {
     const int64_t first = c * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
     const int64_t at = first * s.stride + h * s.dim;
     chunk_attention(t->queries + h * s.rows * s.dim, t->k + at, t->v + at, s, n, t->scale,
-                    t->scores + slot * s.rows * CHUNK, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2));
+                    t->scores + slot * t->scratch, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2));
+}
+
+/* the keys and values of the chunk a thread likely takes after chunk c (the pool's caller takes tasks from the
+   front, its threads from the back), to prefetch while it computes c: from memory, a chunk's wait for them was
+   about as long as its arithmetic */
+static bf16_ahead next_chunk(const Chunks *t, int64_t c, int slot) {
+    const int64_t next = slot == 0 ? c + 1 : c - 1;
+    bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
+    if (next < 0 || next >= t->chunks) return ahead;
+    const int64_t first = next * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
+    ahead.first[0] = (const char *)(t->k + first * t->s.stride), ahead.second[0] = (const char *)(t->v + first * t->s.stride);
+    ahead.regions = 1, ahead.lines = n * t->s.stride * (int64_t)sizeof(float) / 64;
+    return ahead;
+}
+
+/* KV heads [h0, h1) of chunk c in bfloat16 products (decode_bf16.h): the chunk's keys and values packed, then each
+   head's rows over them */
+static void heads_of_chunk_bf16(const Chunks *t, int64_t h0, int64_t h1, int64_t c, int slot) {
+    const Shape s = t->s;
+    const int64_t first = c * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
+    uint32_t *packed = (uint32_t *)(t->scores + slot * t->scratch);
+    int64_t rows[CHUNK];
+    for (int64_t i = 0; i < n; i++) rows[i] = i * s.stride;
+    pack_decode_chunk(t->k + first * s.stride, t->v + first * s.stride, rows, n, t->kv_heads, h0, h1, s.dim, packed);
+    const DecodeBf16Scratch w = decode_bf16_scratch(packed + decode_packed_words(t->kv_heads, s.dim), s.rows, s.dim);
+    bf16_ahead ahead = next_chunk(t, c, slot);
+    for (int64_t h = h0; h < h1; h++)
+        decode_chunk_bf16(t->queries + h * s.rows * s.dim, s.rows, s.dim, packed, t->kv_heads, h, n, s.dim, t->scale,
+                          w, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2), s.dim + 2,
+                          t->whole_chunks ? &ahead : NULL);
 }
 
 static void chunk_of(void *context, int64_t task, int slot) {
     const Chunks *t = context;
-    if (t->whole_chunks)   /* every KV head of chunk `task`: the chunk's keys and values read front to back */
+    if (t->whole_chunks && t->bf16)
+        heads_of_chunk_bf16(t, 0, t->kv_heads, task, slot);
+    else if (t->whole_chunks)   /* every KV head of chunk `task`: the chunk's keys and values read front to back */
         for (int64_t h = 0; h < t->kv_heads; h++) head_of_chunk(t, h, task, slot);
+    else if (t->bf16)
+        heads_of_chunk_bf16(t, task / t->chunks, task / t->chunks + 1, task % t->chunks, slot);
     else
         head_of_chunk(t, task / t->chunks, task % t->chunks, slot);
 }
 
 /* every (KV head, chunk) task on the pool's threads; nonzero when scratch memory ran out */
 static int run_chunks(const float *queries, const float *k, const float *v, Shape s, int64_t kv_heads,
-                      int64_t keys, float scale, float *partials, int threads) {
+                      int64_t keys, int bf16, float scale, float *partials, int threads) {
     const int64_t chunks = (keys + CHUNK - 1) / CHUNK;
     if (threads < 1) threads = 1;
-    float *scores = malloc(sizeof(float) * (size_t)(threads * s.rows * CHUNK));
+    const int64_t scratch = bf16 ? decode_packed_words(kv_heads, s.dim) + decode_scratch_words(s.rows, s.dim)
+                                 : s.rows * CHUNK;
+    float *scores = malloc(sizeof(float) * (size_t)(threads * scratch));
     if (!scores) return 1;
     const int whole = chunks >= 2 * threads;
-    Chunks tasks = {queries, k, v, s, kv_heads, chunks, keys, whole, scale, partials, scores};
+    Chunks tasks = {queries, k, v, s, kv_heads, chunks, keys, whole, bf16, scale, partials, scores, scratch};
     swarm_pool_run(chunk_of, &tasks, whole ? chunks : kv_heads * chunks, threads);
     free(scores);
     return 0;
@@ -96,7 +135,7 @@ static int run_chunks(const float *queries, const float *k, const float *v, Shap
 /* every KV head's chunks' partials for q's rows: [kv_heads, chunks, batch * groups, dim + 2] (row (b, g) of head h:
    query head h * groups + g of row b), allocated; NULL when memory runs out */
 static float *trunk_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                             const float *k, const float *v, int64_t keys, float scale, int threads) {
+                             const float *k, const float *v, int64_t keys, int bf16, float scale, int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
     const Shape s = {rows, dim, kv_heads * dim};
     float *queries = malloc(sizeof(float) * (size_t)(kv_heads * rows * dim));
@@ -106,7 +145,7 @@ static float *trunk_partials(const float *q, int64_t batch, int64_t heads, int64
         for (int64_t row = 0; row < rows; row++)
             memcpy(queries + (h * rows + row) * dim, q + (row / groups * heads + h * groups + row % groups) * dim,
                    sizeof(float) * (size_t)dim);
-    failed = failed || run_chunks(queries, k, v, s, kv_heads, keys, scale, partials, threads);
+    failed = failed || run_chunks(queries, k, v, s, kv_heads, keys, bf16, scale, partials, threads);
     free(queries);
     if (failed) free(partials);
     return failed ? NULL : partials;
@@ -118,7 +157,7 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
                            const float *k, const float *v, int64_t keys, float scale, float *out, float *lse,
                            int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
-    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, scale, threads);
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, 0, scale, threads);
     if (!partials) return -1;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t row = 0; row < rows; row++) {
@@ -133,13 +172,14 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
 /* The same rows' attention over the trunk, left as each chunk's partial (max, sum, unnormalised output) for
  * swarm_paged_decode's `given`: row b's go to given[given_rows[b]] ([given_width, heads, dim + 2], chunk by chunk).
  * With keys a multiple of swarm_prefix_chunk(), a row gets the bits of its whole context read by
- * swarm_paged_decode alone. Returns -1 when memory runs out. */
+ * swarm_paged_decode alone, in the same precision of products (bf16: bfloat16, decode_bf16.h). Returns -1 when
+ * memory runs out. */
 int swarm_prefix_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                          const float *k, const float *v, int64_t keys, float scale, float *given,
+                          const float *k, const float *v, int64_t keys, float scale, int bf16, float *given,
                           const int64_t *given_rows, int64_t given_width, int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
     const int64_t part = dim + 2;
-    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, scale, threads);
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, bf16, scale, threads);
     if (!partials) return -1;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t c = 0; c < chunks; c++)

@@ -10,6 +10,7 @@ from engine.attention.cascade import CascadeBackend
 from engine.attention.kernel_sets import NATIVE_KERNELS
 from engine.attention.plan import DecodePlan, SharedPrefix, StepPlan
 from engine.kv.cache import KVCache
+from kernels.cpu import native_attention
 from kernels.cpu.decode_stack import DecodeStack, Trunk
 from kernels.errors import KernelError
 from tests.helpers.decode_layers import HEAD_DIM, KV_HEADS, decode_layer, layer_parts, step_inputs
@@ -36,8 +37,10 @@ def a_step(members: torch.Tensor | None):
     return slots, DecodePlan([trunk], tables, lengths)
 
 
-def layer_by_layer(layers, pool: KVCache, x, cos, sin, slots, plan: DecodePlan) -> torch.Tensor:
+def layer_by_layer(layers, pool: KVCache, x, cos, sin, slots, plan: DecodePlan,
+                   attention: str = "float32") -> torch.Tensor:
     backend = CascadeBackend(NATIVE_KERNELS, pool, SCALE)
+    backend.use_decode_attention(attention)
     batch = AttentionBatch(False, slots, [], [1] * len(x), [], queries="last", plan=StepPlan(plan))
     for index, layer in enumerate(layers):
         q, k, v = layer.attention_inputs(x, cos, sin)
@@ -49,13 +52,16 @@ def layer_by_layer(layers, pool: KVCache, x, cos, sin, slots, plan: DecodePlan) 
 
 @pytest.mark.parametrize("members", [None, torch.tensor([True, False, True])])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_one_call_gives_the_layer_by_layer_bits(members, qk_norm):
+@pytest.mark.parametrize("attention", ["float32", "bfloat16"])
+def test_one_call_gives_the_layer_by_layer_bits(members, qk_norm, attention):
+    """bfloat16: the attention's products, where this build has them natively (else both paths stay float32)."""
     layers = [decode_layer(*layer_parts(qk_norm, seed=10 * i)) for i in range(3)]
     x, cos, sin = step_inputs(4)
     slots, plan = a_step(members)
     pool, stacked_pool = random_pool(3), random_pool(3)
-    want = layer_by_layer(layers, pool, x, cos, sin, slots, plan)
-    stack = DecodeStack(layers, stacked_pool.layers, SCALE)
+    want = layer_by_layer(layers, pool, x, cos, sin, slots, plan, attention)
+    bf16 = attention == "bfloat16" and native_attention.bf16_products_native()
+    stack = DecodeStack(layers, stacked_pool.layers, SCALE, bf16_attention=bf16)
     got = stack.run(x, cos, sin, slots, plan.private_tables, plan.private_lens, fused_decode._trunks(plan))
     assert torch.equal(got, want)
     for (k, v), (want_k, want_v) in zip(stacked_pool.layers, pool.layers):

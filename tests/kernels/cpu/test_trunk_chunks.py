@@ -38,23 +38,24 @@ def padded(tables: list[list[int]]) -> torch.Tensor:
 
 
 def shared_read(q, k_cache, v_cache, trunk, tables, lengths, cut_blocks, takers=None, prefix_lib=None,
-                paged_lib=None):
-    """The trunk's first cut_blocks read once for the rows in takers (every row: None), each row's rest paged."""
+                paged_lib=None, bf16=False):
+    """The trunk's first cut_blocks read once for the rows in takers (every row: None), each row's rest paged;
+    bf16: in bfloat16 products."""
     takers = range(len(q)) if takers is None else takers
     shape = k_cache.shape[2:]
     k = k_cache[trunk[:cut_blocks]].reshape(-1, *shape)
     v = v_cache[trunk[:cut_blocks]].reshape(-1, *shape)
-    partials = native_attention.trunk_chunks(q, k, v, 0.3, prefix_lib)
+    partials = native_attention.trunk_chunks(q, k, v, 0.3, prefix_lib, bf16)
     counts = torch.tensor([partials.shape[1] if r in takers else 0 for r in range(len(q))])
     private = padded([t[cut_blocks:] if r in takers else t for r, t in enumerate(tables)])
     lens = torch.tensor([n - cut_blocks * BLOCK if r in takers else n for r, n in enumerate(lengths)])
     given = native_attention.TrunkChunks(partials, counts)
-    return native_attention.paged_decode_with_lse(q, k_cache, v_cache, private, lens, 0.3, paged_lib, given)
+    return native_attention.paged_decode_with_lse(q, k_cache, v_cache, private, lens, 0.3, paged_lib, given, bf16)
 
 
-def alone(q, k_cache, v_cache, tables, lengths, paged_lib=None):
+def alone(q, k_cache, v_cache, tables, lengths, paged_lib=None, bf16=False):
     return native_attention.paged_decode_with_lse(q, k_cache, v_cache, padded(tables), torch.tensor(lengths), 0.3,
-                                                  paged_lib)
+                                                  paged_lib, bf16=bf16)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -1,0 +1,196 @@
+/* One chunk of decode attention in bfloat16 products, shared by kernels/cpu/csrc/paged_decode.c (a sequence's own
+ * blocks) and kernels/cpu/csrc/prefix_attention.c (many rows over a shared trunk), so that a chunk of a trunk gets
+ * the same bits from either, as decode_scores.h gives them in float32.
+ *
+ * Both products take their operands rounded to bfloat16 and sum them as vdpbf16ps does (bf16_tiles.h: twice
+ * float32's rate on AVX512-BF16, and half the bytes to read):
+ *     S = Q K^T * scale           each score over the pairs of dims in order
+ *     P = exp(S - row max)        float32, as decode_scores.h; the row's sum from the unrounded P
+ *     O = P V                     each output over the pairs of keys in order
+ * The keys and values lie in the lanes (16 keys, or 16 dims, a vector), so one row costs what it needs: a
+ * sequence's few query groups fill no lane with padding. Each row's arithmetic is the same whatever rows it is
+ * computed with, and the plain-C products of CPUs without AVX512-BF16 take the same steps (bf16_tiles.h).
+ * The includer includes attention_tiles.h first (exp_shifted).
+ */
+#ifndef SWARM_DECODE_BF16_H
+#define SWARM_DECODE_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16_tiles.h"
+#include "decode_scores.h"
+
+/* A chunk's keys and values packed for the products, one KV head's after another:
+ *     keys   [kv_heads][DECODE_CHUNK / 16][dim / 2][16]       pair j of dims of a panel of 16 keys (0 past n keys)
+ *     values [kv_heads][ceil(dim / 16)][DECODE_CHUNK / 2][16] pair (2 i, 2 i + 1) of keys of 16 dims (0 past) */
+static inline int64_t decode_bf16_panels(int64_t dim) { return (dim + BF16_LANES - 1) / BF16_LANES; }
+
+static inline int64_t decode_keys_words(int64_t dim) { return DECODE_CHUNK * dim / 2; }
+
+static inline int64_t decode_values_words(int64_t dim) {
+    return decode_bf16_panels(dim) * BF16_LANES * DECODE_CHUNK / 2;
+}
+
+/* the 32-bit words of a chunk's packed keys and values, every KV head */
+static inline int64_t decode_packed_words(int64_t kv_heads, int64_t dim) {
+    return kv_heads * (decode_keys_words(dim) + decode_values_words(dim));
+}
+
+typedef struct {   /* one thread's scratch for a KV head's `rows` query rows over a chunk */
+    uint32_t *queries;   /* [rows][dim / 2] */
+    uint32_t *weights;   /* [rows][DECODE_CHUNK / 2]: P's pairs of consecutive keys */
+    float *probs;        /* [rows][DECODE_CHUNK] */
+} DecodeBf16Scratch;
+
+/* the 32-bit words of that scratch */
+static inline int64_t decode_scratch_words(int64_t rows, int64_t dim) {
+    return rows * dim / 2 + rows * DECODE_CHUNK / 2 + rows * DECODE_CHUNK;
+}
+
+static inline DecodeBf16Scratch decode_bf16_scratch(uint32_t *memory, int64_t rows, int64_t dim) {
+    DecodeBf16Scratch w;
+    w.queries = memory;
+    w.weights = w.queries + rows * dim / 2;
+    w.probs = (float *)(w.weights + rows * DECODE_CHUNK / 2);
+    return w;
+}
+
+#if defined(__AVX512BF16__)
+/* r[i] = column i of the 16 x 16 words r held as rows */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4 b + c] now holds column c + 4 lane of rows 4 b .. 4 b + 3 in its 128-bit lane `lane` */
+    for (int c = 0; c < 4; c++) {
+        const __m512i a = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), b = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        const __m512i e = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512i f = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(a, e, 0xdd);
+        t[4 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(b, f, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* keys [first, first + 16) (rows past n: zero) of a panel whose dims are a multiple of 32 */
+static inline void pack_key_panel(const float *cache, const int64_t *rows, int64_t first, int64_t n, int64_t dim,
+                                  uint32_t *panel) {
+    for (int64_t j0 = 0; j0 < dim / 2; j0 += 16) {
+        __m512i words[16];
+        for (int i = 0; i < 16; i++) {
+            const float *key = first + i < n ? cache + rows[first + i] + 2 * j0 : NULL;
+            words[i] = key ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(key + 16), _mm512_loadu_ps(key))
+                           : _mm512_setzero_si512();
+        }
+        transpose16(words);
+        for (int j = 0; j < 16; j++) _mm512_storeu_si512(panel + (j0 + j) * 16, words[j]);
+    }
+}
+#endif
+
+/* keys 16 p .. 16 p + 15 of a KV head (its rows at cache + rows[t]) into their panel (0 past n keys) */
+static void pack_key_panel_of(const float *cache, const int64_t *rows, int64_t p, int64_t n, int64_t dim,
+                              uint32_t *panel) {
+    const int64_t half = dim / 2, first = 16 * p;
+#if defined(__AVX512BF16__)
+    if (dim % 32 == 0) {
+        pack_key_panel(cache, rows, first, n, dim, panel);
+        return;
+    }
+#endif
+    for (int64_t l = 0; l < 16; l++) {
+        const float *key = first + l < n ? cache + rows[first + l] : NULL;
+        for (int64_t j = 0; j < half; j++) panel[j * 16 + l] = key ? bf16_pair(key[2 * j], key[2 * j + 1]) : 0;
+    }
+}
+
+/* keys 2 i and 2 i + 1 of a KV head (the second past n keys: 0) into `words`, 16 a panel of dims, panels
+   `panel_pairs` pairs of words apart */
+static void pack_value_pair_into(const float *cache, const int64_t *rows, int64_t i, int64_t n, int64_t dim,
+                                 uint32_t *words0, int64_t panel_pairs) {
+    const float *low = cache + rows[2 * i], *high = 2 * i + 1 < n ? cache + rows[2 * i + 1] : NULL;
+    for (int64_t p = 0; p < decode_bf16_panels(dim); p++) {
+        uint32_t *words = words0 + p * panel_pairs * 16;
+#if defined(__AVX512BF16__)
+        if (16 * p + 16 <= dim) {
+            const __m512 highs = high ? _mm512_loadu_ps(high + 16 * p) : _mm512_setzero_ps();
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(highs, _mm512_loadu_ps(low + 16 * p));
+            const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+            _mm512_storeu_si512(words, _mm512_permutexvar_epi16(interleave, both));
+            continue;
+        }
+#endif
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t d = 16 * p + l;
+            words[l] = d < dim ? bf16_pair(low[d], high ? high[d] : 0.0f) : 0;
+        }
+    }
+}
+
+/* rows [16 p + 32, 16 p + 48) of a cache (of n), heads [h0, h1): two panels ahead of the packing */
+static inline void prefetch_panel(const float *cache, const int64_t *rows, int64_t p, int64_t n, int64_t from,
+                                  int64_t floats) {
+    for (int64_t t = 16 * p + 16; t < 16 * p + 32 && t < n; t++)
+        for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(cache + rows[t] + from + f, 0, 2);
+}
+
+/* n keys' rows (every KV head's side by side, token t's at offset rows[t] of each cache) into `packed`, for KV
+   heads [h0, h1), 16 tokens at a time: the keys and then the values read front to back, as the hardware
+   prefetches them */
+static void pack_decode_chunk(const float *k_cache, const float *v_cache, const int64_t *rows, int64_t n,
+                              int64_t kv_heads, int64_t h0, int64_t h1, int64_t dim, uint32_t *packed) {
+    uint32_t *keys = packed, *values = packed + kv_heads * decode_keys_words(dim);
+    for (int64_t p = 0; 16 * p < n; p++) {
+        prefetch_panel(k_cache, rows, p, n, h0 * dim, (h1 - h0) * dim);
+        for (int64_t h = h0; h < h1; h++)
+            pack_key_panel_of(k_cache + h * dim, rows, p, n, dim, keys + h * decode_keys_words(dim) + p * dim * 8);
+    }
+    for (int64_t p = 0; 16 * p < n; p++) {
+        prefetch_panel(v_cache, rows, p, n, h0 * dim, (h1 - h0) * dim);
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t i = 8 * p; i < 8 * p + 8 && 2 * i < n; i++)
+                pack_value_pair_into(v_cache + h * dim, rows, i, n, dim, values + h * decode_values_words(dim) + i * 16,
+                                     DECODE_CHUNK / 2);
+    }
+}
+
+/* KV head h of a chunk of n keys (1 <= n <= DECODE_CHUNK) packed by pack_decode_chunk, for `rows` query rows q
+   (row r at q + r * q_step, dim floats): partial[r * part_step] = (max, sum, unnormalised output [dim]); ahead (or
+   NULL): memory the thread reads next, prefetched as the products run */
+static void decode_chunk_bf16(const float *q, int64_t rows, int64_t q_step, const uint32_t *packed, int64_t kv_heads,
+                              int64_t h, int64_t n, int64_t dim, float scale, DecodeBf16Scratch w, float *partial,
+                              int64_t part_step, bf16_ahead *ahead) {
+    const int64_t half = dim / 2, pair_count = (n + 1) / 2;
+    const uint32_t *keys = packed + h * decode_keys_words(dim);
+    const uint32_t *values = packed + kv_heads * decode_keys_words(dim) + h * decode_values_words(dim);
+    for (int64_t r = 0; r < rows; r++) bf16_pairs_of_row(q + r * q_step, dim, w.queries + r * half);
+    const bf16_problem scores = {w.queries, half, half, keys, half * 16, 16, NULL, scale, w.probs, DECODE_CHUNK,
+                                 ahead};
+    bf16_tile(&scores, rows, n);
+    for (int64_t r = 0; r < rows; r++) {
+        float *s = w.probs + r * DECODE_CHUNK;
+        const float top = max_of(s, n);
+        exp_shifted(s, n, top);
+        partial[r * part_step] = top;
+        partial[r * part_step + 1] = sum_of(s, n);
+        if (n % 2) s[n] = 0.0f;   /* the last pair's second key */
+        bf16_pairs_of_row(s, 2 * pair_count, w.weights + r * DECODE_CHUNK / 2);
+    }
+    const bf16_problem outputs = {w.weights, DECODE_CHUNK / 2, pair_count, values, DECODE_CHUNK / 2 * 16, 16, NULL,
+                                  1.0f, partial + 2, part_step, ahead};
+    bf16_tile(&outputs, rows, dim);
+}
+
+#endif
