@@ -32,9 +32,9 @@ static inline int64_t decode_values_words(int64_t dim) {
     return decode_bf16_panels(dim) * BF16_LANES * DECODE_CHUNK / 2;
 }
 
-/* the 32-bit words of a chunk's packed keys and values, every KV head */
+/* the 32-bit words of a chunk's packed keys and values, every KV head, and of the rows staged for them */
 static inline int64_t decode_packed_words(int64_t kv_heads, int64_t dim) {
-    return kv_heads * (decode_keys_words(dim) + decode_values_words(dim));
+    return kv_heads * (decode_keys_words(dim) + decode_values_words(dim)) + DECODE_CHUNK * kv_heads * dim / 2;
 }
 
 typedef struct {   /* one thread's scratch for a KV head's `rows` query rows over a chunk */
@@ -83,87 +83,80 @@ static inline void transpose16(__m512i r[16]) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
-/* keys [first, first + 16) (rows past n: zero) of a panel whose dims are a multiple of 32 */
-static inline void pack_key_panel(const float *cache, const int64_t *rows, int64_t first, int64_t n, int64_t dim,
+/* keys [first, first + 16) (rows past n: zero) of a panel whose pairs of dims are a multiple of 16, from their
+   staged words (key t's at stage + t * width) */
+static inline void pack_key_panel(const uint32_t *stage, int64_t width, int64_t first, int64_t n, int64_t half,
                                   uint32_t *panel) {
-    for (int64_t j0 = 0; j0 < dim / 2; j0 += 16) {
+    for (int64_t j0 = 0; j0 < half; j0 += 16) {
         __m512i words[16];
-        for (int i = 0; i < 16; i++) {
-            const float *key = first + i < n ? cache + rows[first + i] + 2 * j0 : NULL;
-            words[i] = key ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(key + 16), _mm512_loadu_ps(key))
-                           : _mm512_setzero_si512();
-        }
+        for (int i = 0; i < 16; i++)
+            words[i] = first + i < n ? _mm512_loadu_si512(stage + (first + i) * width + j0) : _mm512_setzero_si512();
         transpose16(words);
         for (int j = 0; j < 16; j++) _mm512_storeu_si512(panel + (j0 + j) * 16, words[j]);
     }
 }
 #endif
 
-/* keys 16 p .. 16 p + 15 of a KV head (its rows at cache + rows[t]) into their panel (0 past n keys) */
-static void pack_key_panel_of(const float *cache, const int64_t *rows, int64_t p, int64_t n, int64_t dim,
+/* keys 16 p .. 16 p + 15 of a KV head (key t's pairs of dims at stage + t * width) into their panel (0 past n) */
+static void pack_key_panel_of(const uint32_t *stage, int64_t width, int64_t p, int64_t n, int64_t dim,
                               uint32_t *panel) {
     const int64_t half = dim / 2, first = 16 * p;
 #if defined(__AVX512BF16__)
-    if (dim % 32 == 0) {
-        pack_key_panel(cache, rows, first, n, dim, panel);
+    if (half % 16 == 0) {
+        pack_key_panel(stage, width, first, n, half, panel);
         return;
     }
 #endif
-    for (int64_t l = 0; l < 16; l++) {
-        const float *key = first + l < n ? cache + rows[first + l] : NULL;
-        for (int64_t j = 0; j < half; j++) panel[j * 16 + l] = key ? bf16_pair(key[2 * j], key[2 * j + 1]) : 0;
-    }
+    for (int64_t l = 0; l < 16; l++)
+        for (int64_t j = 0; j < half; j++) panel[j * 16 + l] = first + l < n ? stage[(first + l) * width + j] : 0;
 }
 
-/* keys 2 i and 2 i + 1 of a KV head (the second past n keys: 0) into `words`, 16 a panel of dims, panels
-   `panel_pairs` pairs of words apart */
-static void pack_value_pair_into(const float *cache, const int64_t *rows, int64_t i, int64_t n, int64_t dim,
+/* keys 2 i and 2 i + 1 of a KV head (key t's values at stage + t * width, bfloat16; the second past n keys: 0)
+   into `words`, 16 a panel of dims, panels `panel_pairs` pairs of words apart */
+static void pack_value_pair_into(const uint16_t *stage, int64_t width, int64_t i, int64_t n, int64_t dim,
                                  uint32_t *words0, int64_t panel_pairs) {
-    const float *low = cache + rows[2 * i], *high = 2 * i + 1 < n ? cache + rows[2 * i + 1] : NULL;
+    const uint16_t *low = stage + 2 * i * width, *high = 2 * i + 1 < n ? low + width : NULL;
     for (int64_t p = 0; p < decode_bf16_panels(dim); p++) {
         uint32_t *words = words0 + p * panel_pairs * 16;
 #if defined(__AVX512BF16__)
         if (16 * p + 16 <= dim) {
-            const __m512 highs = high ? _mm512_loadu_ps(high + 16 * p) : _mm512_setzero_ps();
-            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(highs, _mm512_loadu_ps(low + 16 * p));
-            const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-            _mm512_storeu_si512(words, _mm512_permutexvar_epi16(interleave, both));
+            const __m512i lows = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(low + 16 * p)));
+            const __m512i highs = high ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(high + 16 * p)))
+                                       : _mm512_setzero_si512();
+            _mm512_storeu_si512(words, _mm512_or_si512(lows, _mm512_slli_epi32(highs, 16)));
             continue;
         }
 #endif
         for (int64_t l = 0; l < 16; l++) {
             const int64_t d = 16 * p + l;
-            words[l] = d < dim ? bf16_pair(low[d], high ? high[d] : 0.0f) : 0;
+            words[l] = d < dim ? (uint32_t)low[d] | (uint32_t)(high ? high[d] : 0) << 16 : 0;
         }
     }
 }
 
-/* rows [16 p + 32, 16 p + 48) of a cache (of n), heads [h0, h1): two panels ahead of the packing */
-static inline void prefetch_panel(const float *cache, const int64_t *rows, int64_t p, int64_t n, int64_t from,
-                                  int64_t floats) {
-    for (int64_t t = 16 * p + 16; t < 16 * p + 32 && t < n; t++)
-        for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(cache + rows[t] + from + f, 0, 2);
+/* n rows of `floats` floats (at cache + rows[t]) as bfloat16 pairs, row t's at stage + t * floats / 2: read front
+   to back, as the hardware prefetches them */
+static void stage_rows(const float *cache, const int64_t *rows, int64_t n, int64_t floats, uint32_t *stage) {
+    for (int64_t t = 0; t < n; t++) bf16_pairs_of_row(cache + rows[t], floats, stage + t * floats / 2);
 }
 
 /* n keys' rows (every KV head's side by side, token t's at offset rows[t] of each cache) into `packed`, for KV
-   heads [h0, h1), 16 tokens at a time: the keys and then the values read front to back, as the hardware
-   prefetches them */
+   heads [h0, h1): the keys' rows staged in bfloat16, then laid out for the products, then the values' */
 static void pack_decode_chunk(const float *k_cache, const float *v_cache, const int64_t *rows, int64_t n,
                               int64_t kv_heads, int64_t h0, int64_t h1, int64_t dim, uint32_t *packed) {
     uint32_t *keys = packed, *values = packed + kv_heads * decode_keys_words(dim);
-    for (int64_t p = 0; 16 * p < n; p++) {
-        prefetch_panel(k_cache, rows, p, n, h0 * dim, (h1 - h0) * dim);
-        for (int64_t h = h0; h < h1; h++)
-            pack_key_panel_of(k_cache + h * dim, rows, p, n, dim, keys + h * decode_keys_words(dim) + p * dim * 8);
-    }
-    for (int64_t p = 0; 16 * p < n; p++) {
-        prefetch_panel(v_cache, rows, p, n, h0 * dim, (h1 - h0) * dim);
-        for (int64_t h = h0; h < h1; h++)
-            for (int64_t i = 8 * p; i < 8 * p + 8 && 2 * i < n; i++)
-                pack_value_pair_into(v_cache + h * dim, rows, i, n, dim, values + h * decode_values_words(dim) + i * 16,
-                                     DECODE_CHUNK / 2);
-    }
+    uint32_t *stage = values + kv_heads * decode_values_words(dim);
+    const int64_t width = (h1 - h0) * dim / 2;   /* a staged row's words */
+    stage_rows(k_cache + h0 * dim, rows, n, (h1 - h0) * dim, stage);
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t p = 0; 16 * p < n; p++)
+            pack_key_panel_of(stage + (h - h0) * dim / 2, width, p, n, dim,
+                              keys + h * decode_keys_words(dim) + p * dim * 8);
+    stage_rows(v_cache + h0 * dim, rows, n, (h1 - h0) * dim, stage);
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t i = 0; 2 * i < n; i++)
+            pack_value_pair_into((const uint16_t *)stage + (h - h0) * dim, 2 * width, i, n, dim,
+                                 values + h * decode_values_words(dim) + i * 16, DECODE_CHUNK / 2);
 }
 
 /* KV head h of a chunk of n keys (1 <= n <= DECODE_CHUNK) packed by pack_decode_chunk, for `rows` query rows q
