@@ -8,7 +8,7 @@ import torch
 from kernels.cpu import native_attention
 from kernels.reference import decode_bf16
 from tests.helpers import portable_kernels as portable
-from tests.kernels.cpu.test_trunk_chunks import BLOCK, SHAPES, a_batch, alone, padded, shared_read
+from tests.helpers.trunk_batches import BLOCK, SHAPES, a_batch, alone, padded, shared_read
 
 pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
 
