@@ -50,20 +50,17 @@ static inline void bf16_pairs_of_row(const float *row, int64_t count, uint32_t *
         pairs[j] = bf16_pair(row[2 * j], row[2 * j + 1]);
 }
 
-#define BF16_AHEAD_REGIONS 16
-
-typedef struct {   /* memory read next: pairs of stretches of `lines` cache lines each (a chunk's keys and values,
-                      in place or block by block), prefetched `step` lines of each a pair of a product's step */
-    const char *first[BF16_AHEAD_REGIONS], *second[BF16_AHEAD_REGIONS];
-    int64_t regions, lines, step;
-    int64_t region, line;   /* the next line to prefetch */
+typedef struct {   /* two stretches of `lines` cache lines read next (a chunk's keys and values), prefetched a line
+                      of each a pair of a product's step */
+    const char *first, *second;
+    int64_t lines, next;
 } bf16_ahead;
 
 static inline void bf16_prefetch_next(bf16_ahead *ahead) {
-    for (int64_t i = 0; i < ahead->step && ahead->region < ahead->regions; i++) {
-        __builtin_prefetch(ahead->first[ahead->region] + 64 * ahead->line, 0, 3);
-        __builtin_prefetch(ahead->second[ahead->region] + 64 * ahead->line, 0, 3);
-        if (++ahead->line == ahead->lines) ahead->line = 0, ahead->region++;
+    if (ahead->next < ahead->lines) {
+        __builtin_prefetch(ahead->first + 64 * ahead->next, 0, 3);
+        __builtin_prefetch(ahead->second + 64 * ahead->next, 0, 3);
+        ahead->next++;
     }
 }
 
@@ -105,7 +102,7 @@ static inline __attribute__((always_inline)) void bf16_step(int rows, int panels
                 sum[r][q] = _mm512_dpbf16_ps(sum[r][q], b[q], a);
         }
     }
-    if (p->ahead) p->ahead->region = ahead.region, p->ahead->line = ahead.line;
+    if (p->ahead) p->ahead->next = ahead.next;
     const __m512 scale = _mm512_set1_ps(p->scale);
     for (int q = 0; q < panels; q++) {
         const __mmask16 lanes = bf16_lanes(q, panels, last);

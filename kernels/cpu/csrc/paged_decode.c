@@ -137,32 +137,11 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
     }
 }
 
-/* the steps of a chunk of n keys' products in chunk_task_bf16, each of which prefetches (bf16_tiles.h) */
-static int64_t bf16_product_steps(const Problem *p, int64_t n) {
-    const int64_t row_steps = (p->groups + BF16_ROWS - 1) / BF16_ROWS, span = BF16_PANELS * BF16_LANES;
-    return p->kv_heads * row_steps * ((n + span - 1) / span * p->dim / 2 + (p->dim + span - 1) / span * (n + 1) / 2);
-}
-
-/* the blocks of tokens [first, first + n) of sequence b (a block's tokens lie side by side, every KV head's), to
-   prefetch over `steps` steps of products */
-static bf16_ahead blocks_ahead(const Problem *p, int64_t b, int64_t first, int64_t n, int64_t steps) {
-    bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
-    const int64_t row = p->kv_heads * p->dim, block0 = first / p->block_size;
-    const int64_t blocks = (first + n - 1) / p->block_size - block0 + 1;
-    if (n <= 0 || first % p->block_size || blocks > BF16_AHEAD_REGIONS) return ahead;
-    for (int64_t i = 0; i < blocks; i++) {
-        const int64_t at = p->tables[b * p->width + block0 + i] * p->block_size * row;
-        ahead.first[i] = (const char *)(p->k_cache + at), ahead.second[i] = (const char *)(p->v_cache + at);
-    }
-    ahead.regions = blocks, ahead.lines = p->block_size * row * (int64_t)sizeof(float) / 64;
-    ahead.step = (blocks * ahead.lines + steps - 1) / steps;
-    return ahead;
-}
-
 /* chunk_task in bfloat16 products (decode_bf16.h): the chunk packed, then each KV head's rows over it; scratch:
-   bf16_scratch_words; ahead: the chunk the thread likely takes next, prefetched as this one computes (or NULL) */
+   bf16_scratch_words. Unlike the trunk's kernel, it prefetches no next chunk: beside a decode step's weights
+   streaming, that cost a lone sequence's attention a fifth more time. */
 static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t n, uint32_t *scratch,
-                            float *partial, bf16_ahead *ahead) {
+                            float *partial) {
     const int64_t dim = p->dim, groups = p->groups, part = dim + 2;
     int64_t rows[CHUNK];
     token_rows(p, b, first, n, rows);
@@ -170,7 +149,7 @@ static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t 
     const DecodeBf16Scratch w = decode_bf16_scratch(scratch + decode_packed_words(p->kv_heads, dim), groups, dim);
     for (int64_t h = 0; h < p->kv_heads; h++)
         decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, scratch, p->kv_heads, h, n, dim,
-                          p->scale, w, partial + h * groups * part, part, ahead);
+                          p->scale, w, partial + h * groups * part, part, NULL);
 }
 
 static int64_t bf16_scratch_words(const Problem *p) {
@@ -181,7 +160,7 @@ typedef struct {
     const Problem *p;
     const int64_t *lengths, *owner, *first, *slot;   /* each task's sequence, first token and slot in partials */
     float *partials, *probs;                          /* probs: each thread's chunk_task scratch */
-    int64_t scratch, tasks;                           /* its floats; the tasks */
+    int64_t scratch;                                  /* its floats */
 } Chunks;
 
 static void chunk_of(void *context, int64_t task, int slot) {
@@ -190,16 +169,9 @@ static void chunk_of(void *context, int64_t task, int slot) {
     const int64_t b = t->owner[task], first = t->first[task], len = context_of(t->lengths, b, p->width, p->block_size);
     const int64_t n = len - first < CHUNK ? len - first : CHUNK;
     float *scratch = t->probs + slot * t->scratch, *partial = t->partials + t->slot[task] * p->heads * (p->dim + 2);
-    if (p->bf16) {   /* the next task: the caller takes them from the front, the pool's threads from the back */
-        const int64_t next = slot == 0 ? task + 1 : task - 1;
-        bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
-        if (next >= 0 && next < t->tasks) {
-            const int64_t nb = t->owner[next], nf = t->first[next];
-            const int64_t nlen = context_of(t->lengths, nb, p->width, p->block_size);
-            ahead = blocks_ahead(p, nb, nf, nlen - nf < CHUNK ? nlen - nf : CHUNK, bf16_product_steps(p, n));
-        }
-        chunk_task_bf16(p, b, first, n, (uint32_t *)scratch, partial, &ahead);
-    } else
+    if (p->bf16)
+        chunk_task_bf16(p, b, first, n, (uint32_t *)scratch, partial);
+    else
         chunk_task(p, b, first, n, scratch, partial);
 }
 
@@ -248,7 +220,7 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
     const int64_t scratch = p->bf16 ? bf16_scratch_words(p) : p->heads * CHUNK;
     float *probs = malloc(sizeof(float) * (size_t)(threads * scratch));
     if (!probs) return 1;
-    Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs, scratch, l->tasks};
+    Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs, scratch};
     swarm_pool_run(chunk_of, &tasks, l->tasks, threads);
     free(probs);
     for (int64_t head = 0; head < batch * p->heads; head++) {

@@ -79,12 +79,10 @@ static void head_of_chunk(const Chunks *t, int64_t h, int64_t c, int slot) {
    about as long as its arithmetic */
 static bf16_ahead next_chunk(const Chunks *t, int64_t c, int slot) {
     const int64_t next = slot == 0 ? c + 1 : c - 1;
-    bf16_ahead ahead = {{NULL}, {NULL}, 0, 0, 1, 0, 0};
-    if (next < 0 || next >= t->chunks) return ahead;
+    if (next < 0 || next >= t->chunks) return (bf16_ahead){NULL, NULL, 0, 0};
     const int64_t first = next * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
-    ahead.first[0] = (const char *)(t->k + first * t->s.stride), ahead.second[0] = (const char *)(t->v + first * t->s.stride);
-    ahead.regions = 1, ahead.lines = n * t->s.stride * (int64_t)sizeof(float) / 64;
-    return ahead;
+    return (bf16_ahead){(const char *)(t->k + first * t->s.stride), (const char *)(t->v + first * t->s.stride),
+                        n * t->s.stride * (int64_t)sizeof(float) / 64, 0};
 }
 
 /* KV heads [h0, h1) of chunk c in bfloat16 products (decode_bf16.h): the chunk's keys and values packed, then each
