@@ -15,6 +15,8 @@ pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C c
 # beside SHAPES' head widths (64, 128, 8): 24 and 48 dims fill part of a panel of 16 lanes, and 48 keys' dims are
 # not a multiple of the 32 the transposed keys take at once
 ODD_WIDTHS = [(3, 4, 2, 24, 20), (2, 6, 3, 48, 17)]
+# SHAPES with shorter trunks, still past a chunk, for the oracle (a Python loop over each pair of products)
+ORACLE_SHAPES = [(3, 9, 3, 64, 20), (2, 32, 8, 128, 17)] + SHAPES[2:] + ODD_WIDTHS
 
 
 def oracle(q, k_cache, v_cache, tables, lengths):
@@ -22,7 +24,7 @@ def oracle(q, k_cache, v_cache, tables, lengths):
                                              native_attention.decode_chunk())
 
 
-@pytest.mark.parametrize("shape", SHAPES + ODD_WIDTHS)
+@pytest.mark.parametrize("shape", ORACLE_SHAPES)
 def test_the_paged_kernel_in_bfloat16_is_the_oracles_attention(shape):
     q, k_cache, v_cache, _, tables, lengths = a_batch(*shape, seed=4)
     out, lse = native_attention.paged_decode_with_lse(q, k_cache, v_cache, padded(tables), torch.tensor(lengths), 0.3,
@@ -67,7 +69,8 @@ def test_every_build_multiplies_as_vdpbf16ps_does(build):
                                bf16=True)
         want_out, want_lse = alone(q, k_cache, v_cache, tables, lengths, paged_lib, bf16=True)
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse), shape
-        torch.testing.assert_close(out, oracle(q, k_cache, v_cache, tables, lengths)[0], atol=2e-6, rtol=2e-5)
+        if shape is not SHAPES[0]:   # the oracle's loop: the shorter trunks
+            torch.testing.assert_close(out, oracle(q, k_cache, v_cache, tables, lengths)[0], atol=2e-6, rtol=2e-5)
         if build == "avx2":   # the plain-C products and the AVX-512 build's exp take the same steps
             native_out, _ = alone(q, k_cache, v_cache, tables, lengths, bf16=True)
             assert torch.equal(out, native_out), shape
