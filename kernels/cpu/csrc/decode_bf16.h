@@ -3,12 +3,14 @@
  * the same bits from either, as decode_scores.h gives them in float32.
  *
  * Both products take their operands rounded to bfloat16 and sum them as vdpbf16ps does (bf16_tiles.h: twice
- * float32's rate on AVX512-BF16, and half the bytes to read):
+ * float32's rate on AVX512-BF16):
  *     S = Q K^T * scale           each score over the pairs of dims in order
  *     P = exp(S - row max)        float32, as decode_scores.h; the row's sum from the unrounded P
  *     O = P V                     each output over the pairs of keys in order
  * The keys and values lie in the lanes (16 keys, or 16 dims, a vector), so one row costs what it needs: a
- * sequence's few query groups fill no lane with padding. Each row's arithmetic is the same whatever rows it is
+ * sequence's few query groups fill no lane with padding. A chunk's rows are first read front to back and rounded
+ * (stage_rows), then laid out: packed straight from the cache, a lone sequence's chunk took 1.2-1.5x float32's
+ * time from memory. Each row's arithmetic is the same whatever rows it is
  * computed with, and the plain-C products of CPUs without AVX512-BF16 take the same steps (bf16_tiles.h).
  * The includer includes attention_tiles.h first (exp_shifted).
  */
@@ -21,9 +23,10 @@
 #include "bf16_tiles.h"
 #include "decode_scores.h"
 
-/* A chunk's keys and values packed for the products, one KV head's after another:
+/* A chunk's keys and values packed for the products, one KV head's after another, then the rows staged for them:
  *     keys   [kv_heads][DECODE_CHUNK / 16][dim / 2][16]       pair j of dims of a panel of 16 keys (0 past n keys)
- *     values [kv_heads][ceil(dim / 16)][DECODE_CHUNK / 2][16] pair (2 i, 2 i + 1) of keys of 16 dims (0 past) */
+ *     values [kv_heads][ceil(dim / 16)][DECODE_CHUNK / 2][16] pair (2 i, 2 i + 1) of keys of 16 dims (0 past)
+ *     stage  [DECODE_CHUNK][kv_heads * dim / 2]               a token's row of keys, then of values, in pairs */
 static inline int64_t decode_bf16_panels(int64_t dim) { return (dim + BF16_LANES - 1) / BF16_LANES; }
 
 static inline int64_t decode_keys_words(int64_t dim) { return DECODE_CHUNK * dim / 2; }
