@@ -77,11 +77,6 @@ typedef struct {
 } bf16_problem;
 
 #if defined(__AVX512BF16__)
-/* the lanes of panel q of `panels` that hold outputs: the last panel's first `last` */
-static inline __mmask16 bf16_lanes(int q, int panels, int64_t last) {
-    return q < panels - 1 || last >= BF16_LANES ? (__mmask16)0xffff : (__mmask16)((1u << last) - 1);
-}
-
 /* rows x panels outputs (the last panel's first `last` lanes) from row 0 and panel 0 of the problem's pointers */
 static inline __attribute__((always_inline)) void bf16_step(int rows, int panels, const bf16_problem *p,
                                                             int64_t last) {
@@ -105,7 +100,8 @@ static inline __attribute__((always_inline)) void bf16_step(int rows, int panels
     if (p->ahead) p->ahead->next = ahead.next;
     const __m512 scale = _mm512_set1_ps(p->scale);
     for (int q = 0; q < panels; q++) {
-        const __mmask16 lanes = bf16_lanes(q, panels, last);
+        const __mmask16 lanes = q < panels - 1 || last >= BF16_LANES ? (__mmask16)0xffff
+                                                                    : (__mmask16)((1u << last) - 1);
         const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(lanes, p->bias + q * BF16_LANES) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++) {
             __m512 y = _mm512_mul_ps(sum[r][q], scale);

@@ -40,20 +40,22 @@ static inline int64_t decode_packed_words(int64_t kv_heads, int64_t dim) {
     return kv_heads * (decode_keys_words(dim) + decode_values_words(dim)) + DECODE_CHUNK * kv_heads * dim / 2;
 }
 
-typedef struct {   /* one thread's scratch for a KV head's `rows` query rows over a chunk */
+typedef struct {   /* one thread's scratch: a chunk of kv_heads KV heads, `rows` query rows a KV head */
+    uint32_t *packed;    /* decode_packed_words(kv_heads, dim): the chunk's keys and values (above) */
     uint32_t *queries;   /* [rows][dim / 2] */
     uint32_t *weights;   /* [rows][DECODE_CHUNK / 2]: P's pairs of consecutive keys */
     float *probs;        /* [rows][DECODE_CHUNK] */
 } DecodeBf16Scratch;
 
 /* the 32-bit words of that scratch */
-static inline int64_t decode_scratch_words(int64_t rows, int64_t dim) {
-    return rows * dim / 2 + rows * DECODE_CHUNK / 2 + rows * DECODE_CHUNK;
+static inline int64_t decode_bf16_words(int64_t kv_heads, int64_t rows, int64_t dim) {
+    return decode_packed_words(kv_heads, dim) + rows * dim / 2 + rows * DECODE_CHUNK / 2 + rows * DECODE_CHUNK;
 }
 
-static inline DecodeBf16Scratch decode_bf16_scratch(uint32_t *memory, int64_t rows, int64_t dim) {
+static inline DecodeBf16Scratch decode_bf16_scratch(uint32_t *memory, int64_t kv_heads, int64_t rows, int64_t dim) {
     DecodeBf16Scratch w;
-    w.queries = memory;
+    w.packed = memory;
+    w.queries = w.packed + decode_packed_words(kv_heads, dim);
     w.weights = w.queries + rows * dim / 2;
     w.probs = (float *)(w.weights + rows * DECODE_CHUNK / 2);
     return w;
@@ -162,15 +164,15 @@ static void pack_decode_chunk(const float *k_cache, const float *v_cache, const 
                                  values + h * decode_values_words(dim) + i * 16, DECODE_CHUNK / 2);
 }
 
-/* KV head h of a chunk of n keys (1 <= n <= DECODE_CHUNK) packed by pack_decode_chunk, for `rows` query rows q
-   (row r at q + r * q_step, dim floats): partial[r * part_step] = (max, sum, unnormalised output [dim]); ahead (or
-   NULL): memory the thread reads next, prefetched as the products run */
-static void decode_chunk_bf16(const float *q, int64_t rows, int64_t q_step, const uint32_t *packed, int64_t kv_heads,
-                              int64_t h, int64_t n, int64_t dim, float scale, DecodeBf16Scratch w, float *partial,
-                              int64_t part_step, bf16_ahead *ahead) {
+/* KV head h of a chunk of n keys (1 <= n <= DECODE_CHUNK) packed by pack_decode_chunk into w.packed, for `rows`
+   query rows q (row r at q + r * q_step, dim floats): partial[r * part_step] = (max, sum, unnormalised output
+   [dim]); ahead (or NULL): memory the thread reads next, prefetched as the products run */
+static void decode_chunk_bf16(const float *q, int64_t rows, int64_t q_step, int64_t kv_heads, int64_t h, int64_t n,
+                              int64_t dim, float scale, DecodeBf16Scratch w, float *partial, int64_t part_step,
+                              bf16_ahead *ahead) {
     const int64_t half = dim / 2, pair_count = (n + 1) / 2;
-    const uint32_t *keys = packed + h * decode_keys_words(dim);
-    const uint32_t *values = packed + kv_heads * decode_keys_words(dim) + h * decode_values_words(dim);
+    const uint32_t *keys = w.packed + h * decode_keys_words(dim);
+    const uint32_t *values = w.packed + kv_heads * decode_keys_words(dim) + h * decode_values_words(dim);
     for (int64_t r = 0; r < rows; r++) bf16_pairs_of_row(q + r * q_step, dim, w.queries + r * half);
     const bf16_problem scores = {w.queries, half, half, keys, half * 16, 16, NULL, scale, w.probs, DECODE_CHUNK,
                                  ahead};

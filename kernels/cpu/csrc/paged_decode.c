@@ -138,22 +138,18 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
 }
 
 /* chunk_task in bfloat16 products (decode_bf16.h): the chunk packed, then each KV head's rows over it; scratch:
-   bf16_scratch_words. Unlike the trunk's kernel, it prefetches no next chunk: beside a decode step's weights
-   streaming, that cost a lone sequence's attention a fifth more time. */
+   decode_bf16_words(kv_heads, groups, dim). Unlike the trunk's kernel, it prefetches no next chunk: beside a
+   decode step's weights streaming, that cost a lone sequence's attention a fifth more time. */
 static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t n, uint32_t *scratch,
                             float *partial) {
     const int64_t dim = p->dim, groups = p->groups, part = dim + 2;
     int64_t rows[CHUNK];
     token_rows(p, b, first, n, rows);
-    pack_decode_chunk(p->k_cache, p->v_cache, rows, n, p->kv_heads, 0, p->kv_heads, dim, scratch);
-    const DecodeBf16Scratch w = decode_bf16_scratch(scratch + decode_packed_words(p->kv_heads, dim), groups, dim);
+    const DecodeBf16Scratch w = decode_bf16_scratch(scratch, p->kv_heads, groups, dim);
+    pack_decode_chunk(p->k_cache, p->v_cache, rows, n, p->kv_heads, 0, p->kv_heads, dim, w.packed);
     for (int64_t h = 0; h < p->kv_heads; h++)
-        decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, scratch, p->kv_heads, h, n, dim,
-                          p->scale, w, partial + h * groups * part, part, NULL);
-}
-
-static int64_t bf16_scratch_words(const Problem *p) {
-    return decode_packed_words(p->kv_heads, p->dim) + decode_scratch_words(p->groups, p->dim);
+        decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, p->kv_heads, h, n, dim, p->scale,
+                          w, partial + h * groups * part, part, NULL);
 }
 
 typedef struct {
@@ -217,7 +213,7 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
                      float *out, float *lse, int threads) {
     const int64_t part = p->heads * (p->dim + 2), dim = p->dim;
     if (threads < 1) threads = 1;
-    const int64_t scratch = p->bf16 ? bf16_scratch_words(p) : p->heads * CHUNK;
+    const int64_t scratch = p->bf16 ? decode_bf16_words(p->kv_heads, p->groups, dim) : p->heads * CHUNK;
     float *probs = malloc(sizeof(float) * (size_t)(threads * scratch));
     if (!probs) return 1;
     Chunks tasks = {p, lengths, l->owner, l->first, l->slot, partials, probs, scratch};

@@ -90,15 +90,15 @@ static bf16_ahead next_chunk(const Chunks *t, int64_t c, int slot) {
 static void heads_of_chunk_bf16(const Chunks *t, int64_t h0, int64_t h1, int64_t c, int slot) {
     const Shape s = t->s;
     const int64_t first = c * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
-    uint32_t *packed = (uint32_t *)(t->scores + slot * t->scratch);
+    const DecodeBf16Scratch w = decode_bf16_scratch((uint32_t *)(t->scores + slot * t->scratch), t->kv_heads, s.rows,
+                                                    s.dim);
     int64_t rows[CHUNK];
     for (int64_t i = 0; i < n; i++) rows[i] = i * s.stride;
-    pack_decode_chunk(t->k + first * s.stride, t->v + first * s.stride, rows, n, t->kv_heads, h0, h1, s.dim, packed);
-    const DecodeBf16Scratch w = decode_bf16_scratch(packed + decode_packed_words(t->kv_heads, s.dim), s.rows, s.dim);
+    pack_decode_chunk(t->k + first * s.stride, t->v + first * s.stride, rows, n, t->kv_heads, h0, h1, s.dim, w.packed);
     bf16_ahead ahead = next_chunk(t, c, slot);
     for (int64_t h = h0; h < h1; h++)
-        decode_chunk_bf16(t->queries + h * s.rows * s.dim, s.rows, s.dim, packed, t->kv_heads, h, n, s.dim, t->scale,
-                          w, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2), s.dim + 2,
+        decode_chunk_bf16(t->queries + h * s.rows * s.dim, s.rows, s.dim, t->kv_heads, h, n, s.dim, t->scale, w,
+                          t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2), s.dim + 2,
                           t->whole_chunks ? &ahead : NULL);
 }
 
@@ -119,8 +119,7 @@ static int run_chunks(const float *queries, const float *k, const float *v, Shap
                       int64_t keys, int bf16, float scale, float *partials, int threads) {
     const int64_t chunks = (keys + CHUNK - 1) / CHUNK;
     if (threads < 1) threads = 1;
-    const int64_t scratch = bf16 ? decode_packed_words(kv_heads, s.dim) + decode_scratch_words(s.rows, s.dim)
-                                 : s.rows * CHUNK;
+    const int64_t scratch = bf16 ? decode_bf16_words(kv_heads, s.rows, s.dim) : s.rows * CHUNK;
     float *scores = malloc(sizeof(float) * (size_t)(threads * scratch));
     if (!scores) return 1;
     const int whole = chunks >= 2 * threads;
