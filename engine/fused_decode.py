@@ -62,7 +62,7 @@ def kernel_for(layer: nn.Module) -> DecodeLayer | None:
         return None
     qk_norms = (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else ()
     norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms)
-    if len({norm.eps for norm in norms}) != 1 or not all(_float32_on_cpu(norm.weight) for norm in norms):
+    if len({norm.eps for norm in norms}) != 1 or not all(_on_cpu(norm.weight, (torch.float32,)) for norm in norms):
         return None
     q_norm, k_norm = (norm.weight.detach() for norm in qk_norms) if qk_norms else (None, None)
     weights = LayerNorms(norms[0].weight.detach(), norms[1].weight.detach(), q_norm, k_norm, norms[0].eps)
@@ -143,11 +143,15 @@ def _trunks(plan: DecodePlan) -> list[Trunk]:
 
 
 def _stack_or_none(kernels: list[DecodeLayer | None], caches, scale: float, bf16: bool) -> DecodeStack | None:
+    """The stack over these layers and caches; None where the C stack does not take them (float32 caches, or
+    bfloat16 ones read by bfloat16 products)."""
+    cache_dtypes = (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
     if not (DecodeStack.available() and all(kernel is not None for kernel in kernels)
-            and all(_float32_on_cpu(k) and _float32_on_cpu(v) for k, v in caches)):
+            and all(_on_cpu(k, cache_dtypes) and _on_cpu(v, cache_dtypes) for k, v in caches)):
         return None
     return DecodeStack(kernels, caches, scale, bf16_attention=bf16)
 
 
-def _float32_on_cpu(tensor: torch.Tensor) -> bool:
-    return tensor.dtype == torch.float32 and tensor.is_cpu and tensor.is_contiguous()
+def _on_cpu(tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """A contiguous CPU tensor of one of `dtypes`."""
+    return tensor.dtype in dtypes and tensor.is_cpu and tensor.is_contiguous()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import decode_graphs, prompt_matmul
+from engine.attention.select import pool_dtype
 from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
 from engine.kv.block_manager import BlockManager
@@ -61,11 +62,12 @@ class LLMEngine:
         use_decode_products(loaded.net, self.decode_precision)
         self.weights = loaded.weights
         self.onednn_weights = loaded.packed
+        self.kv_dtype = pool_dtype(self.device, self.dtype, prompt_attention, decode_attention)
         self.kv_sizing = size_kv_pool(loaded.net, self.config, options, self.dtype, self.device,
-                                      device_memory(self.device))
+                                      device_memory(self.device), self.kv_dtype)
         num_blocks = self.kv_sizing.num_blocks
         # one block past the pool's: the scratch block padded rows of a decode graph write (engine.decode_graphs)
-        kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.dtype, self.device)
+        kv = KVCache.allocate(self.config, num_blocks + 1, options.block_size, self.kv_dtype, self.device)
         # a hybrid's linear layers keep a state per sequence, and snapshots of it where prompts end
         self.states = self._state_pool(options) if self.config.is_hybrid else None
         self.delta_rule = delta_rule_kernels(self.device.type).name if self.config.is_hybrid else None
@@ -201,13 +203,14 @@ class LLMEngine:
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
         precision of prompts' products and of their attention's, of decode rows' products on the quantized layers
-        and of their attention's,
-        whether decode steps replay as graphs, and on a hybrid the gated delta rule's kernels (torch or fla)."""
+        and of their attention's, the KV pool's dtype, whether decode steps replay as graphs, and on a hybrid the
+        gated delta rule's kernels (torch or fla)."""
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
                   "prompt_attention": attention.prompt_attention(), "decode_products": self.decode_precision,
                   "decode_attention": attention.decode_attention(),
+                  "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
                   "decode_graphs": self.runner.graphs_state()}
         if self.delta_rule is not None:
             chosen["delta_rule"] = self.delta_rule

@@ -75,7 +75,8 @@ class CascadeBackend:
 
     def _last_tokens(self, q, k_cache, v_cache, plan: DecodePlan) -> torch.Tensor:
         kernels = self.kernels
-        if plan.prefixes and kernels.trunk_chunks is not None and native_attention.takes_c(q, k_cache, v_cache):
+        if (plan.prefixes and kernels.trunk_chunks is not None
+                and native_attention.takes_c(q, k_cache, v_cache, self.bf16_decode)):
             return self._with_trunk_chunks(q, k_cache, v_cache, plan)
         out, lse = kernels.paged_decode_with_lse(q, k_cache, v_cache, plan.private_tables, plan.private_lens,
                                                  self.scale, **self._decode_precision())

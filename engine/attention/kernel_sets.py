@@ -28,6 +28,8 @@ class AttentionKernels:
                                            # a row gets the bits of its whole context read alone; None: merged by lse
     decode_chunk: Callable[[], int] | None = None   # the keys of those chunks: a shared trunk is cut at a multiple
     decode_bf16: bool = False   # paged_decode_with_lse and trunk_chunks take bf16=True: bfloat16 products
+    bf16_pool: bool = False     # a pool in bfloat16 is read by every piece's bfloat16 products, and write_kv rounds
+                                # into it as they round float32 keys and values: the same bits in half the bytes
 
 
 REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_attention.paged_decode_with_lse,
@@ -35,13 +37,13 @@ REFERENCE_KERNELS = AttentionKernels("torch", paged_attention.write_kv, cascade_
 SDPA_KERNELS = AttentionKernels("sdpa", paged_attention.write_kv, sdpa_attention.paged_decode_with_lse,
                                 sdpa_attention.prefix_attention, cascade_attention.merge_attention,
                                 cascade_prefill=cascade_prefill.prefill_attention)
-NATIVE_KERNELS = AttentionKernels("native", paged_attention.write_kv, native_attention.paged_decode_with_lse,
+NATIVE_KERNELS = AttentionKernels("native", native_attention.write_kv, native_attention.paged_decode_with_lse,
                                   native_attention.prefix_attention, native_attention.merge_attention,
                                   cascade_prefill=cascade_prefill.prefill_attention,
                                   prefill_rows=native_attention.RowsKernel(),
                                   prefill_rows_bf16=native_attention.RowsKernel(bf16=True),
                                   trunk_chunks=native_attention.trunk_chunks,
-                                  decode_chunk=native_attention.decode_chunk, decode_bf16=True)
+                                  decode_chunk=native_attention.decode_chunk, decode_bf16=True, bf16_pool=True)
 
 
 def triton_kernels() -> AttentionKernels:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from engine.attention import kernel_sets
 from engine.attention.base import AttentionBackend
 from engine.attention.cascade import CascadeBackend
@@ -38,9 +40,26 @@ class AttentionBackendError(SwarmError):
 
 def select_backend(kv: KVCache, scale: float, choice: str | None = None) -> AttentionBackend:
     """The backend for the pool `kv`, on the kernels `choice` names (None: as SWARM_ATTENTION_BACKEND asks)."""
+    return CascadeBackend(_kernels_for(kv.layers[0][0].device.type, _choice(choice)), kv, scale)
+
+
+def pool_dtype(device: torch.device, dtype: torch.dtype, prompt_attention: str, decode_attention: str,
+               choice: str | None = None) -> torch.dtype:
+    """The KV pool's dtype for a model computing in `dtype`: bfloat16 on a CPU whose kernels (`choice`, as
+    select_backend's) read the pool through bfloat16 products only, the prompts' and the decode rows' attention
+    (engine.prompt_matmul's choose_attention and choose_decode_attention). Those products round every float32 key
+    and value to bfloat16 as they read it, so the pool holds what they read in half the bytes (llama.cpp keeps
+    16-bit KV too) and gives a row the same bits. `dtype` elsewhere."""
+    if device.type != "cpu" or dtype != torch.float32 or not prompt_attention == decode_attention == "bfloat16":
+        return dtype
+    bf16 = _kernels_for(device.type, _choice(choice)).bf16_pool and native_attention.bf16_products_native()
+    return torch.bfloat16 if bf16 else dtype
+
+
+def _choice(choice: str | None) -> str:
     if choice is None:
-        choice = os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
-    return CascadeBackend(_kernels_for(kv.layers[0][0].device.type, choice), kv, scale)
+        return os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
+    return choice
 
 
 def _kernels_for(device_type: str, choice: str) -> AttentionKernels:

@@ -66,13 +66,15 @@ class KVSizing:
 
 
 def size_kv_pool(net: CausalLM, config: ModelConfig, options: EngineOptions, dtype: torch.dtype,
-                 device: torch.device, memory: DeviceMemory | None) -> KVSizing:
-    """The pool for `net`; `memory` None sizes it by the CPU's default, else by what `memory` has free."""
+                 device: torch.device, memory: DeviceMemory | None, kv_dtype: torch.dtype | None = None) -> KVSizing:
+    """The pool for `net` computing in `dtype`, its K and V kept in `kv_dtype` (None: `dtype`); `memory` None sizes
+    it by the CPU's default, else by what `memory` has free."""
+    kv_dtype = kv_dtype or dtype
     block_bytes = options.block_size * kv_bytes_per_token(config.num_kv_layers, config.num_kv_heads,
-                                                          config.head_dim, dtype.itemsize)
-    budget = _budget_blocks(config, options, dtype)
+                                                          config.head_dim, kv_dtype.itemsize)
+    budget = _budget_blocks(config, options, kv_dtype)
     if memory is None:
-        default = blocks_for_budget(config, options.block_size, dtype,
+        default = blocks_for_budget(config, options.block_size, kv_dtype,
                                     min(DEFAULT_CPU_KV_TOKENS, 8 * config.max_position_embeddings))
         sizing = KVSizing(budget or default, options.block_size, block_bytes,
                           "kv_budget" if budget else "cpu default")

@@ -24,7 +24,7 @@ _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 class _Stack(ctypes.Structure):
     _fields_ = [("layers", ctypes.POINTER(Layer)), ("k_caches", ctypes.POINTER(_ptr)),
                 ("v_caches", ctypes.POINTER(_ptr)), ("count", _i64), ("block_size", _i64), ("scale", _f32),
-                ("bf16_attention", ctypes.c_int)]
+                ("bf16_attention", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
 
 
 class _Prefix(ctypes.Structure):
@@ -51,11 +51,12 @@ class Trunk:
 
 class DecodeStack:
     """The decoder's layers in order, each with its layer's (k_cache, v_cache): [blocks, block_size, kv_heads,
-    head_dim] float32. bf16_attention: the attention's products in bfloat16, as native_attention's bf16=True."""
+    head_dim] float32, or bfloat16 (read by bfloat16 products only: bf16_attention then). bf16_attention: the
+    attention's products in bfloat16, as native_attention's bf16=True."""
 
     def __init__(self, layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Tensor]], scale: float,
                  bf16_attention: bool = False):
-        _check(layers, caches)
+        _check(layers, caches, bf16_attention)
         self.layers, self.caches = layers, caches
         self.head_dim, self.hidden = layers[0].head_dim, layers[0].hidden
         self.blocks, self.block_size = caches[0][0].shape[:2]
@@ -63,7 +64,8 @@ class DecodeStack:
         self._arrays = ((Layer * count)(*(layer.description for layer in layers)),
                         (_ptr * count)(*(k.data_ptr() for k, _ in caches)),
                         (_ptr * count)(*(v.data_ptr() for _, v in caches)))
-        self._stack = _Stack(*self._arrays, count, self.block_size, scale, int(bf16_attention))
+        kv_bf16 = caches[0][0].dtype == torch.bfloat16
+        self._stack = _Stack(*self._arrays, count, self.block_size, scale, int(bf16_attention), int(kv_bf16))
         self._by_reference = ctypes.byref(self._stack)
         self._library = entry_points.library(OP)
 
@@ -120,7 +122,7 @@ class DecodeStack:
                        trunk.first_block, trunk.num_blocks)
 
 
-def _check(layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def _check(layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Tensor]], bf16_attention: bool) -> None:
     if not layers or len(layers) != len(caches):
         raise refusal(OP, "layers", f"must be one or more, each with its caches: {len(layers)} for {len(caches)}")
     first = layers[0]
@@ -131,13 +133,15 @@ def _check(layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Ten
     if first.head_dim % 8:
         raise refusal(OP, "head_dim", f"must be a multiple of 8 (the attention's lanes), got {first.head_dim}")
     k0 = caches[0][0]
-    expect_rank(OP, "k_cache", k0, 4)
+    if k0.dtype == torch.bfloat16 and not bf16_attention:
+        raise refusal(OP, "k_cache", "in bfloat16 is read by bfloat16 products only: pass bf16_attention=True")
+    expect_rank(OP, "k_cache", k0, 4, k0.dtype if k0.dtype == torch.bfloat16 else torch.float32)
     if k0.shape[2:] != (first.kv_heads, first.head_dim) or k0.shape[0] == 0:
         raise refusal(OP, "k_cache", f"must be [blocks, block_size, {first.kv_heads}, {first.head_dim}], "
                                      f"got {list(k0.shape)}")
     for k, v in caches:
-        expect_tensor(OP, "k_cache", k, k0.shape)
-        expect_tensor(OP, "v_cache", v, k0.shape)
+        expect_tensor(OP, "k_cache", k, k0.shape, k0.dtype)
+        expect_tensor(OP, "v_cache", v, k0.shape, k0.dtype)
 
 
 def _expect_within(name: str, indices: torch.Tensor, end: int) -> None:

@@ -221,12 +221,14 @@ def bf16_matmul(lib: ctypes.CDLL, pairs: Tensor, panels: Tensor, rows: int, bias
 
 
 def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor,
-                         given: Tensor | None = None, given_chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                         given: Tensor | None = None, given_chunks: Tensor | None = None,
+                         bf16: bool = False) -> tuple[Tensor, Tensor]:
     expect_rank("paged_decode", "q", q, 3)
     batch, heads, dim = q.shape
-    expect_rank("paged_decode", "k_cache", k_cache, 4)
+    kv_dtype = _kv_dtype("paged_decode", "k_cache", k_cache, bf16)
+    expect_rank("paged_decode", "k_cache", k_cache, 4, kv_dtype)
     _expect_heads("paged_decode", q, "k_cache", k_cache.shape[2:])
-    expect_tensor("paged_decode", "v_cache", v_cache, k_cache.shape)
+    expect_tensor("paged_decode", "v_cache", v_cache, k_cache.shape, kv_dtype)
     expect_rank("paged_decode", "block_tables", block_tables, 2, torch.int64)
     if block_tables.shape[0] != batch:
         raise refusal("paged_decode", "block_tables", f"must have a row for each of q's {batch} rows, "
@@ -246,8 +248,8 @@ def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, 
                  bf16: bool = False) -> tuple[Tensor, Tensor]:
     """given [batch, width, heads, dim + 2]: the partials of whole chunks before each table (prefix_partials', in
     the same precision), given_chunks[b] of them for row b, merged before the row's own chunks. bf16: the products
-    in bfloat16 summed in float32 (csrc/decode_bf16.h)."""
-    out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given, given_chunks)
+    in bfloat16 summed in float32 (csrc/decode_bf16.h). The caches hold float32, or bfloat16 (with bf16)."""
+    out, lse = paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths, given, given_chunks, bf16)
     batch, heads, dim = q.shape
     width = 0 if given is None else given.shape[1]
     if given is not None and not bool(((given_chunks >= 0) & (given_chunks <= width)).all()):
@@ -255,11 +257,34 @@ def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, 
     failed = lib.swarm_paged_decode(q.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.data_ptr(),
                                     v_cache.data_ptr(), k_cache.shape[1], block_tables.data_ptr(),
                                     block_tables.shape[1], lengths.data_ptr(), _ptr_or_null(given),
-                                    _ptr_or_null(given_chunks), width, scale, int(bf16), out.data_ptr(),
-                                    lse.data_ptr(), torch.get_num_threads())
+                                    _ptr_or_null(given_chunks), width, scale, int(bf16), _is_bf16(k_cache),
+                                    out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
     if failed:
         raise MemoryError("paged decode attention could not allocate its scores")
     return out, lse
+
+
+def check_write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+    expect_rank("write_kv", "k_cache", k_cache, 4, k_cache.dtype if _is_bf16(k_cache) else torch.float32)
+    expect_tensor("write_kv", "v_cache", v_cache, k_cache.shape, k_cache.dtype)
+    rows, kv_width = k.shape[0], k_cache.shape[2] * k_cache.shape[3]
+    expect_tensor("write_kv", "k", k, (rows, *k_cache.shape[2:]))
+    expect_tensor("write_kv", "v", v, k.shape)
+    expect_tensor("write_kv", "slots", slots, (rows,), torch.int64)
+    if kv_width % 2:
+        raise refusal("write_kv", "k_cache", f"must have an even row of kv_heads x head_dim, got {kv_width}")
+    slot_count = k_cache.shape[0] * k_cache.shape[1]
+    if rows and not bool(((slots >= 0) & (slots < slot_count)).all()):
+        raise refusal("write_kv", "slots", f"must each lie in [0, {slot_count})")
+
+
+def write_kv(lib: ctypes.CDLL, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+    """New tokens' K and V [rows, kv_heads, dim] (float32) into the caches [blocks, block_size, kv_heads, dim] at
+    their flat slots: copied into float32 caches, rounded to bfloat16 into bfloat16 ones, as the bfloat16 products
+    round float32 keys and values (csrc/bf16_tiles.h's bf16_bits)."""
+    check_write_kv(k_cache, v_cache, k, v, slots)
+    lib.swarm_write_kv(k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+                       k.shape[0], k_cache.shape[2] * k_cache.shape[3], _is_bf16(k_cache))
 
 
 def prefix_attention_outputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -276,8 +301,8 @@ def prefix_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: f
     return out, lse
 
 
-def prefix_partials_outputs(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
-    _expect_rows("prefix_partials", q, k, v)
+def prefix_partials_outputs(q: Tensor, k: Tensor, v: Tensor, chunk: int, bf16: bool = False) -> Tensor:
+    _expect_rows("prefix_partials", q, k, v, bf16)
     batch, heads, dim = q.shape
     return q.new_empty(batch, -(-k.shape[0] // chunk), heads, dim + 2)
 
@@ -285,20 +310,20 @@ def prefix_partials_outputs(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tens
 def prefix_partials(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False) -> Tensor:
     """Each row's attention over a trunk, left as its chunks' partials [batch, chunks, heads, dim + 2] (max, sum,
     unnormalised output) for paged_decode's given; the last chunk holds what is left of the keys. bf16: as
-    paged_decode's."""
-    partials = prefix_partials_outputs(q, k, v, lib.swarm_prefix_chunk())
+    paged_decode's, and so are k and v's dtypes."""
+    partials = prefix_partials_outputs(q, k, v, lib.swarm_prefix_chunk(), bf16)
     batch, heads, dim = q.shape
     rows = torch.arange(batch, dtype=torch.int64)
     failed = lib.swarm_prefix_partials(q.data_ptr(), batch, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
-                                       k.shape[0], scale, int(bf16), partials.data_ptr(), rows.data_ptr(),
+                                       k.shape[0], scale, int(bf16), _is_bf16(k), partials.data_ptr(), rows.data_ptr(),
                                        partials.shape[1], torch.get_num_threads())
     if failed:
         raise MemoryError("shared-prefix attention could not allocate its scratch memory")
     return partials
 
 
-def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
-    outputs = _rows_outputs("rows_attention", q, k, v)
+def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, bf16: bool = False) -> tuple[Tensor, Tensor]:
+    outputs = _rows_outputs("rows_attention", q, k, v, bf16)
     if causal and k.shape[0] < q.shape[0]:
         raise refusal("rows_attention", "k", f"must hold at least as many keys as q has tokens when causal, "
                                              f"got {k.shape[0]} for {q.shape[0]}")
@@ -307,7 +332,7 @@ def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tup
 
 def rows_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool,
                    bf16: bool = False, carry: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    out, lse = rows_attention_outputs(q, k, v, causal)
+    out, lse = rows_attention_outputs(q, k, v, causal, bf16)
     expect_optional("rows_attention", "carry", carry, running_shape(q))
     _call_rows_attention(lib, q, k, v, scale, causal, bf16, out.data_ptr(), lse.data_ptr(),
                          None if carry is None else carry.data_ptr(), None)
@@ -319,14 +344,14 @@ def running_shape(q: Tensor) -> tuple[int, int, int]:
     return q.shape[0], q.shape[1], q.shape[2] + 2
 
 
-def rows_attention_running_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    _expect_rows("rows_attention_running", q, k, v)
+def rows_attention_running_outputs(q: Tensor, k: Tensor, v: Tensor, bf16: bool = False) -> Tensor:
+    _expect_rows("rows_attention_running", q, k, v, bf16)
     return q.new_empty(running_shape(q))
 
 
 def rows_attention_running(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float,
                            bf16: bool = False) -> Tensor:
-    running = rows_attention_running_outputs(q, k, v)
+    running = rows_attention_running_outputs(q, k, v, bf16)
     _call_rows_attention(lib, q, k, v, scale, False, bf16, None, None, None, running.data_ptr())
     return running
 
@@ -334,7 +359,8 @@ def rows_attention_running(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, sc
 def _call_rows_attention(lib, q, k, v, scale, causal, bf16, out, lse, carry_in, carry_out) -> None:
     tokens, heads, dim = q.shape
     failed = lib.swarm_rows_attention(q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
-                                      k.shape[0], int(causal), int(bf16), scale, out, lse, carry_in, carry_out,
+                                      k.shape[0], int(causal), int(bf16), _is_bf16(k), scale, out, lse, carry_in,
+                                      carry_out,
                                       torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its scratch memory")
@@ -356,18 +382,19 @@ def merge_attention(lib: ctypes.CDLL, out_a: Tensor, lse_a: Tensor, out_b: Tenso
     return out, lse
 
 
-def _rows_outputs(op: str, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def _rows_outputs(op: str, q: Tensor, k: Tensor, v: Tensor, bf16: bool = False) -> tuple[Tensor, Tensor]:
     """Rows q [rows, heads, dim] over one key set k, v [keys, kv_heads, dim] -> out, lse [rows, heads]."""
-    _expect_rows(op, q, k, v)
+    _expect_rows(op, q, k, v, bf16)
     rows, heads, dim = q.shape
     return q.new_empty(rows, heads, dim), q.new_empty(rows, heads)
 
 
-def _expect_rows(op: str, q: Tensor, k: Tensor, v: Tensor) -> None:
+def _expect_rows(op: str, q: Tensor, k: Tensor, v: Tensor, bf16: bool = False) -> None:
     expect_rank(op, "q", q, 3)
-    expect_rank(op, "k", k, 3)
+    kv_dtype = _kv_dtype(op, "k", k, bf16)
+    expect_rank(op, "k", k, 3, kv_dtype)
     _expect_heads(op, q, "k", k.shape[1:])
-    expect_tensor(op, "v", v, k.shape)
+    expect_tensor(op, "v", v, k.shape, kv_dtype)
     if k.shape[0] == 0:
         raise refusal(op, "k", "must hold at least one key")
 
@@ -382,6 +409,20 @@ def _expect_heads(op: str, q: Tensor, kv_name: str, kv_heads_and_dim: torch.Size
         raise refusal(op, "q", f"must have a multiple of the {kv_heads} KV heads, got {heads} heads")
     if dim % 8:
         raise refusal(op, "q", f"must have a head width that is a multiple of 8, got {dim}")
+
+
+def _kv_dtype(op: str, name: str, k: Tensor, bf16: bool) -> torch.dtype:
+    """The dtype keys and values must have: float32, or bfloat16 (a pool kept in bfloat16) where the products are
+    bfloat16, as they round float32 keys and values to it."""
+    if k.dtype != torch.bfloat16:
+        return torch.float32
+    if not bf16:
+        raise refusal(op, name, "in bfloat16 is read by bfloat16 products only: pass bf16=True")
+    return torch.bfloat16
+
+
+def _is_bf16(k: Tensor) -> int:
+    return int(k.dtype == torch.bfloat16)
 
 
 def _ptr_or_null(tensor: Tensor | None) -> int | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu import entry_points, ops, sdpa_attention
-from kernels.reference import cascade_attention
+from kernels.reference import cascade_attention, paged_attention
 
 
 def available() -> bool:
@@ -25,9 +25,23 @@ def available() -> bool:
                for source in ("paged_decode", "prefix_attention", "rows_attention"))
 
 
-def takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the C kernels take these: float32 on a CPU, heads a multiple of 8 wide."""
-    return q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu" and q.shape[-1] % 8 == 0
+def takes_c(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bf16: bool = False) -> bool:
+    """Whether the C kernels take these: float32 on a CPU, heads a multiple of 8 wide; keys and values in bfloat16
+    too where the products are bfloat16 (bf16)."""
+    kv_dtypes = (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+    return (q.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in kv_dtypes and q.device.type == "cpu"
+            and q.shape[-1] % 8 == 0)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Contract of kernels.reference.paged_attention.write_kv. A bfloat16 pool on a CPU takes float32 K and V rounded
+    in C, as the bfloat16 products round float32 ones (bf16_bits): a row's attention gets the same bits from the
+    pool in bfloat16 as from the pool in float32."""
+    if k_cache.dtype == torch.bfloat16 and k.dtype == torch.float32 and k.device.type == "cpu":
+        ops.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), slot_mapping.to(torch.int64).contiguous())
+        return
+    paged_attention.write_kv(k_cache, v_cache, k, v, slot_mapping)
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -46,8 +60,9 @@ def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
     bf16: both products in bfloat16 summed in float32 (csrc/rows_attention.c), the rest float32.
-    float32 CPU tensors only, others go to the SDPA path. library: tests pass other builds."""
-    if not (takes_c(q, k, v) and len(k) >= len(q) * causal and len(k) > 0):
+    float32 CPU tensors only (k and v in bfloat16 too, with bf16), others go to the SDPA path. library: tests pass
+    other builds."""
+    if not (takes_c(q, k, v, bf16) and len(k) >= len(q) * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
     return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, bf16, library=library)
 
@@ -66,7 +81,7 @@ class RowsKernel:
 
     def splits(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Whether `running` and `continued` take these rows over these caches' keys."""
-        return takes_c(q, k_cache, v_cache)
+        return takes_c(q, k_cache, v_cache, self._bf16())
 
     def running(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Each row's running state over all of k, v: [tokens, heads, dim + 2]."""
@@ -107,8 +122,9 @@ def paged_decode_with_lse(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """Contract of kernels.reference.cascade_attention.paged_decode_with_lse; float32 CPU tensors only,
     others go to the SDPA path. given: the chunks of a trunk before each row's table (trunk_chunks', in the same
     precision), merged with the row's own in one pass. bf16: both products in bfloat16 summed in float32
-    (csrc/decode_bf16.h; its oracle: kernels.reference.decode_bf16). library: tests pass other builds."""
-    if not (takes_c(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+    (csrc/decode_bf16.h; its oracle: kernels.reference.decode_bf16); the caches may then hold bfloat16. library:
+    tests pass other builds."""
+    if not (takes_c(q, k_cache, v_cache, bf16) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         if given is not None:
             raise ValueError("a trunk's chunks go with the C kernel's float32 CPU tensors")
         return sdpa_attention.paged_decode_with_lse(q, k_cache, v_cache, block_tables, lengths, scale)

@@ -1,8 +1,9 @@
 """The C kernels as torch ops: swarm::rms_norm, swarm::rotary, swarm::silu_mul, swarm::quant_matmul,
 swarm::quant_matmul_many, swarm::quant_dequantize, swarm::bf16_round_rows, swarm::bf16_pack_weight,
 swarm::bf16_pack_quant, swarm::bf16_matmul, swarm::paged_decode, swarm::prefix_attention, swarm::prefix_partials,
-swarm::rows_attention, swarm::rows_attention_running and swarm::merge_attention, each taking and returning tensors
-(torch.library.custom_op; quant_dequantize and the bf16 packs and matmul write into their `out`). Their
+swarm::rows_attention, swarm::rows_attention_running, swarm::merge_attention and swarm::write_kv, each taking and
+returning tensors (torch.library.custom_op; quant_dequantize and the bf16 packs and matmul write into their `out`,
+write_kv into the caches). Their
 arguments are checked at the boundary (kernels.cpu.entry_points), the profiler lists them, and each has a fake
 implementation giving outputs of the right shape and dtype, so torch.compile and graph capture treat them as
 opaque ops.
@@ -156,6 +157,11 @@ def _merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor)
     return entry_points.merge_attention(built("prefix_attention"), out_a, lse_a, out_b, lse_b)
 
 
+@custom_op("swarm::write_kv", mutates_args=("k_cache", "v_cache"))
+def _write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+    entry_points.write_kv(built("paged_decode"), k_cache, v_cache, k, v, slots)
+
+
 _rms_norm.register_fake(lambda x, weight, eps: entry_points.rms_norm_outputs(x, weight))
 _rotary.register_fake(entry_points.rotary_outputs)
 _silu_mul.register_fake(entry_points.silu_mul_outputs)
@@ -168,15 +174,16 @@ _bf16_pack_quant.register_fake(entry_points.bf16_pack_quant_outputs)
 _bf16_matmul.register_fake(entry_points.bf16_matmul_outputs)
 _paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, scale, given=None, given_chunks=None,
                             bf16=False: entry_points.paged_decode_outputs(q, k_cache, v_cache, block_tables, lengths,
-                                                                          given, given_chunks))
+                                                                          given, given_chunks, bf16))
 _prefix_partials.register_fake(lambda q, k, v, scale, bf16=False: entry_points.prefix_partials_outputs(
-    q, k, v, built("prefix_attention").swarm_prefix_chunk()))
+    q, k, v, built("prefix_attention").swarm_prefix_chunk(), bf16))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
 _rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None:
-                              entry_points.rows_attention_outputs(q, k, v, causal))
+                              entry_points.rows_attention_outputs(q, k, v, causal, bf16))
 _rows_attention_running.register_fake(lambda q, k, v, scale, bf16=False:
-                                      entry_points.rows_attention_running_outputs(q, k, v))
+                                      entry_points.rows_attention_running_outputs(q, k, v, bf16))
 _merge_attention.register_fake(entry_points.merge_attention_outputs)
+_write_kv.register_fake(entry_points.check_write_kv)
 
 rms_norm = Kernel(_rms_norm, entry_points.rms_norm, "fused_ops")
 rotary = Kernel(_rotary, entry_points.rotary, "fused_ops")
@@ -194,3 +201,4 @@ prefix_partials = Kernel(_prefix_partials, entry_points.prefix_partials, "prefix
 rows_attention = Kernel(_rows_attention, entry_points.rows_attention, "rows_attention")
 rows_attention_running = Kernel(_rows_attention_running, entry_points.rows_attention_running, "rows_attention")
 merge_attention = Kernel(_merge_attention, entry_points.merge_attention, "prefix_attention")
+write_kv = Kernel(_write_kv, entry_points.write_kv, "paged_decode")

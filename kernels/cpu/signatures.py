@@ -32,18 +32,19 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_bf16_matmul": ([_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _int], None)},
     "paged_decode": {
         "swarm_paged_decode": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64,
-                                _f32, _int, _ptr, _ptr, _int], _int)},
+                                _f32, _int, _int, _ptr, _ptr, _int], _int),
+        "swarm_write_kv": ([_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _int], None)},
     "prefix_attention": {
         "swarm_prefix_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr, _int], _int),
-        "swarm_prefix_partials": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _int, _ptr, _ptr, _i64,
-                                   _int], _int),
+        "swarm_prefix_partials": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _f32, _int, _int, _ptr, _ptr,
+                                   _i64, _int], _int),
         "swarm_prefix_chunk": ([], _i64),
         "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)},
     "rows_attention": {
         "swarm_rows_attention_bf16_native": ([], _int),
         "swarm_rows_attention_chunk": ([], _i64),
-        "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _int, _f32, _ptr, _ptr,
-                                  _ptr, _ptr, _int], _int)},
+        "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _int, _int, _f32, _ptr,
+                                  _ptr, _ptr, _ptr, _int], _int)},
 }
 
 

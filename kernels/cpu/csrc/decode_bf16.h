@@ -139,25 +139,41 @@ static void pack_value_pair_into(const uint16_t *stage, int64_t width, int64_t i
     }
 }
 
-/* n rows of `floats` floats (at cache + rows[t]) as bfloat16 pairs, row t's at stage + t * floats / 2: read front
-   to back, as the hardware prefetches them */
-static void stage_rows(const float *cache, const int64_t *rows, int64_t n, int64_t floats, uint32_t *stage) {
-    for (int64_t t = 0; t < n; t++) bf16_pairs_of_row(cache + rows[t], floats, stage + t * floats / 2);
+/* a KV cache's elements from `base`: float32, or bfloat16 where `bf16` (the pool engine.kv.cache keeps in bfloat16
+   where every attention reading it rounds its keys and values to bfloat16 first) */
+typedef struct {
+    const void *base;
+    int bf16;
+} kv_elements;
+
+static inline kv_elements kv_from(kv_elements cache, int64_t elements) {
+    return (kv_elements){(const char *)cache.base + elements * (cache.bf16 ? 2 : 4), cache.bf16};
+}
+
+/* n rows of `count` elements (at cache + rows[t]) as bfloat16 pairs, row t's at stage + t * count / 2: read front
+   to back, as the hardware prefetches them; float32 rows are rounded, bfloat16 ones copied */
+static void stage_rows(kv_elements cache, const int64_t *rows, int64_t n, int64_t count, uint32_t *stage) {
+    for (int64_t t = 0; t < n; t++) {
+        if (cache.bf16)
+            memcpy(stage + t * count / 2, (const uint16_t *)cache.base + rows[t], 2 * (size_t)count);
+        else
+            bf16_pairs_of_row((const float *)cache.base + rows[t], count, stage + t * count / 2);
+    }
 }
 
 /* n keys' rows (every KV head's side by side, token t's at offset rows[t] of each cache) into `packed`, for KV
    heads [h0, h1): the keys' rows staged in bfloat16, then laid out for the products, then the values' */
-static void pack_decode_chunk(const float *k_cache, const float *v_cache, const int64_t *rows, int64_t n,
+static void pack_decode_chunk(kv_elements k_cache, kv_elements v_cache, const int64_t *rows, int64_t n,
                               int64_t kv_heads, int64_t h0, int64_t h1, int64_t dim, uint32_t *packed) {
     uint32_t *keys = packed, *values = packed + kv_heads * decode_keys_words(dim);
     uint32_t *stage = values + kv_heads * decode_values_words(dim);
     const int64_t width = (h1 - h0) * dim / 2;   /* a staged row's words */
-    stage_rows(k_cache + h0 * dim, rows, n, (h1 - h0) * dim, stage);
+    stage_rows(kv_from(k_cache, h0 * dim), rows, n, (h1 - h0) * dim, stage);
     for (int64_t h = h0; h < h1; h++)
         for (int64_t p = 0; 16 * p < n; p++)
             pack_key_panel_of(stage + (h - h0) * dim / 2, width, p, n, dim,
                               keys + h * decode_keys_words(dim) + p * dim * 8);
-    stage_rows(v_cache + h0 * dim, rows, n, (h1 - h0) * dim, stage);
+    stage_rows(kv_from(v_cache, h0 * dim), rows, n, (h1 - h0) * dim, stage);
     for (int64_t h = h0; h < h1; h++)
         for (int64_t i = 0; 2 * i < n; i++)
             pack_value_pair_into((const uint16_t *)stage + (h - h0) * dim, 2 * width, i, n, dim,

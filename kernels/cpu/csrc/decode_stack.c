@@ -21,10 +21,11 @@
 
 typedef struct {
     const swarm_decode_layer *layers;            /* count of them, in order */
-    float *const *k_caches, *const *v_caches;    /* each layer's: [blocks, block_size, kv_heads, head_dim] */
+    void *const *k_caches, *const *v_caches;     /* each layer's: [blocks, block_size, kv_heads, head_dim] */
     int64_t count, block_size;
     float scale;                                 /* the softmax scale */
     int bf16_attention;                          /* the attention's products in bfloat16 (decode_bf16.h) */
+    int kv_bf16;                                 /* the caches hold bfloat16 (then bf16_attention too) */
 } swarm_decode_stack;
 
 typedef struct {                 /* a trunk some rows share (engine.attention.plan.SharedPrefix) */
@@ -116,34 +117,28 @@ static float *allocate(const swarm_decode_stack *s, const swarm_decode_batch *b,
     return all;
 }
 
-/* the rows' new K and V into the layer's caches, at their slots (write_kv) */
-static void write_kv(float *k_cache, float *v_cache, const float *k, const float *v, const int64_t *slots,
-                     int64_t rows, int64_t kv_width) {
-    for (int64_t r = 0; r < rows; r++) {
-        memcpy(k_cache + slots[r] * kv_width, k + r * kv_width, sizeof(float) * (size_t)kv_width);
-        memcpy(v_cache + slots[r] * kv_width, v + r * kv_width, sizeof(float) * (size_t)kv_width);
-    }
-}
-
-/* a trunk's K or V, [num_blocks * block_size, kv_heads, head_dim]: in place, or its blocks copied into `into` */
-static const float *trunk_of(const float *cache, const swarm_step_prefix *p, int64_t block_floats, float *into) {
-    if (!p->blocks) return cache + p->first_block * block_floats;
+/* a trunk's K or V, [num_blocks * block_size, kv_heads, head_dim]: in place, or its blocks copied into `into`;
+   a block is block_bytes */
+static const void *trunk_of(const void *cache, const swarm_step_prefix *p, int64_t block_bytes, float *into) {
+    const char *blocks = cache;
+    if (!p->blocks) return blocks + p->first_block * block_bytes;
     for (int64_t i = 0; i < p->num_blocks; i++)
-        memcpy(into + i * block_floats, cache + p->blocks[i] * block_floats, sizeof(float) * (size_t)block_floats);
+        memcpy((char *)into + i * block_bytes, blocks + p->blocks[i] * block_bytes, (size_t)block_bytes);
     return into;
 }
 
 /* the chunks' partials of the trunk p's rows read, into each one's part of f->given */
 static int trunk_chunks(const swarm_decode_stack *s, const swarm_decode_layer *l, int64_t layer,
                         const swarm_step_prefix *p, Buffers *f, int threads) {
-    const int64_t q_width = l->heads * l->head_dim, block_floats = s->block_size * l->kv_heads * l->head_dim;
+    const int64_t q_width = l->heads * l->head_dim;
+    const int64_t block_bytes = s->block_size * l->kv_heads * l->head_dim * (s->kv_bf16 ? 2 : 4);
     for (int64_t i = 0; i < p->count; i++)
         memcpy(f->prefix_q + i * q_width, f->q + p->rows[i] * q_width, sizeof(float) * (size_t)q_width);
-    const float *k = trunk_of(s->k_caches[layer], p, block_floats, f->prefix_k);
-    const float *v = trunk_of(s->v_caches[layer], p, block_floats, f->prefix_v);
+    const void *k = trunk_of(s->k_caches[layer], p, block_bytes, f->prefix_k);
+    const void *v = trunk_of(s->v_caches[layer], p, block_bytes, f->prefix_v);
     return swarm_prefix_partials(f->prefix_q, p->count, l->heads, l->kv_heads, l->head_dim, k, v,
-                                 p->num_blocks * s->block_size, s->scale, s->bf16_attention, f->given, p->rows,
-                                 f->given_width, threads);
+                                 p->num_blocks * s->block_size, s->scale, s->bf16_attention, s->kv_bf16, f->given,
+                                 p->rows, f->given_width, threads);
 }
 
 /* one layer: x [rows, hidden] -> f->next; its new K and V written */
@@ -152,12 +147,12 @@ static int layer_step(const swarm_decode_stack *s, int64_t layer, const swarm_de
     const swarm_decode_layer *l = s->layers + layer;
     const int64_t rows = b->rows, kv_width = l->kv_heads * l->head_dim;
     if (swarm_decode_attention_in(l, x, rows, b->cos, b->sin, f->scratch, f->q, f->k, f->v, threads)) return -1;
-    write_kv(s->k_caches[layer], s->v_caches[layer], f->k, f->v, b->slots, rows, kv_width);
+    swarm_write_kv(s->k_caches[layer], s->v_caches[layer], f->k, f->v, b->slots, rows, kv_width, s->kv_bf16);
     for (int64_t p = 0; p < b->prefix_count; p++)
         if (trunk_chunks(s, l, layer, b->prefixes + p, f, threads)) return -1;
     if (swarm_paged_decode(f->q, rows, l->heads, l->kv_heads, l->head_dim, s->k_caches[layer], s->v_caches[layer],
                            s->block_size, b->tables, b->width, b->lengths, f->given, f->given_chunks, f->given_width,
-                           s->scale, s->bf16_attention, f->attended, f->lse, threads))
+                           s->scale, s->bf16_attention, s->kv_bf16, f->attended, f->lse, threads))
         return -1;
     if (swarm_decode_mlp_in(l, x, f->attended, rows, f->scratch, f->h, f->gate, f->up, threads)) return -1;
     silu_mul_run(f->gate, f->up, rows * l->gate_up->N[0], f->gate);

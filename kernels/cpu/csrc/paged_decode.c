@@ -37,11 +37,13 @@ static inline int64_t context_of(const int64_t *lengths, int64_t b, int64_t widt
 }
 
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;   /* float32, or bfloat16 where kv_bf16 (then bf16 too) */
     const int64_t *tables;
     int64_t heads, kv_heads, groups, dim, block_size, width;
     float scale;
-    int bf16;   /* the products in bfloat16 (decode_bf16.h) */
+    int bf16;      /* the products in bfloat16 (decode_bf16.h) */
+    int kv_bf16;
 } Problem;
 
 /* where the rows of tokens [first, first + n) of sequence b start in the caches (in floats), block by
@@ -108,15 +110,15 @@ static void add_values(float *out, int64_t stride, const float *probs, int64_t g
    all KV heads lie side by side, so the chunk is read front to back. */
 static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, float *probs, float *partial) {
     const int64_t dim = p->dim, row = p->kv_heads * dim, groups = p->groups, part = dim + 2;
-    const float *q = p->q + b * p->heads * dim;
+    const float *q = p->q + b * p->heads * dim, *k_cache = p->k_cache, *v_cache = p->v_cache;
     int64_t rows[CHUNK + AHEAD * KEYS];
     token_rows(p, b, first, n, rows);
     for (int64_t i = n; i < CHUNK + AHEAD * KEYS; i++) rows[i] = rows[n - 1];
     for (int64_t t = 0; t < n; t += KEYS) {
-        prefetch_rows(p->k_cache, rows + t + AHEAD * KEYS, t + AHEAD * KEYS < n ? KEYS : 0, row);
+        prefetch_rows(k_cache, rows + t + AHEAD * KEYS, t + AHEAD * KEYS < n ? KEYS : 0, row);
         for (int64_t h = 0; h < p->kv_heads; h++) {
             const float *keys[KEYS];
-            for (int i = 0; i < KEYS; i++) keys[i] = p->k_cache + rows[t + i] + h * dim;
+            for (int i = 0; i < KEYS; i++) keys[i] = k_cache + rows[t + i] + h * dim;
             score_keys(q + h * groups * dim, groups, keys, dim, p->scale, probs + h * groups * CHUNK + t, CHUNK);
         }
     }
@@ -130,10 +132,10 @@ static void chunk_task(const Problem *p, int64_t b, int64_t first, int64_t n, fl
     }
     for (int64_t t = 0; t < n; t += VALUE_SPAN) {
         const int64_t count = n - t < VALUE_SPAN ? n - t : VALUE_SPAN;
-        prefetch_rows(p->v_cache, rows + t + VALUE_SPAN, t + VALUE_SPAN < n ? VALUE_SPAN : 0, row);
+        prefetch_rows(v_cache, rows + t + VALUE_SPAN, t + VALUE_SPAN < n ? VALUE_SPAN : 0, row);
         for (int64_t h = 0; h < p->kv_heads; h++)
             add_values(partial + h * groups * part + 2, part, probs + h * groups * CHUNK + t, groups,
-                       p->v_cache + h * dim, rows + t, count, dim);
+                       v_cache + h * dim, rows + t, count, dim);
     }
 }
 
@@ -146,7 +148,8 @@ static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t 
     int64_t rows[CHUNK];
     token_rows(p, b, first, n, rows);
     const DecodeBf16Scratch w = decode_bf16_scratch(scratch, p->kv_heads, groups, dim);
-    pack_decode_chunk(p->k_cache, p->v_cache, rows, n, p->kv_heads, 0, p->kv_heads, dim, w.packed);
+    pack_decode_chunk((kv_elements){p->k_cache, p->kv_bf16}, (kv_elements){p->v_cache, p->kv_bf16}, rows, n,
+                      p->kv_heads, 0, p->kv_heads, dim, w.packed);
     for (int64_t h = 0; h < p->kv_heads; h++)
         decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, p->kv_heads, h, n, dim, p->scale,
                           w, partial + h * groups * part, part, NULL);
@@ -233,14 +236,14 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
  * chunks before each table's first token, computed elsewhere (swarm_prefix_partials, for a shared trunk):
  * sequence b's first given_chunks[b] are merged with its own, before them, as if its table held their tokens.
  * bf16: the products in bfloat16 (decode_bf16.h); given partials then come from swarm_prefix_partials in bf16.
- * dim is a multiple of 8. A sequence with no tokens gets out = 0 and lse = -inf. Returns -1 when
+ * kv_bf16: the caches hold bfloat16 (then bf16 is set too). dim is a multiple of 8. A sequence with no tokens gets out = 0 and lse = -inf. Returns -1 when
  * scratch memory runs out. */
 int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                       const float *k_cache, const float *v_cache, int64_t block_size, const int64_t *tables,
+                       const void *k_cache, const void *v_cache, int64_t block_size, const int64_t *tables,
                        int64_t width, const int64_t *lengths, const float *given, const int64_t *given_chunks,
-                       int64_t given_width, float scale, int bf16, float *out, float *lse, int threads) {
+                       int64_t given_width, float scale, int bf16, int kv_bf16, float *out, float *lse, int threads) {
     const Problem p = {q, k_cache, v_cache, tables, heads, kv_heads, heads / kv_heads, dim, block_size, width, scale,
-                       bf16};
+                       bf16 || kv_bf16, kv_bf16};
     const int64_t part = heads * (dim + 2);
     Layout l = {0};
     int failed = lay_out(&l, batch, lengths, given ? given_chunks : NULL, width, block_size);
@@ -252,4 +255,21 @@ int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_
     free(l.owner);
     free(partials);
     return failed ? -1 : 0;
+}
+
+/* rows new tokens' K and V ([rows, kv_width] float32) into the caches at their flat slots: copied into float32
+ * caches, rounded to bfloat16 (as bf16_bits, which the bfloat16 products round them with) into bfloat16 ones
+ * (kv_bf16). kv_width is even. */
+void swarm_write_kv(void *k_cache, void *v_cache, const float *k, const float *v, const int64_t *slots, int64_t rows,
+                    int64_t kv_width, int kv_bf16) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t at = slots[r] * kv_width;
+        if (kv_bf16) {
+            bf16_pairs_of_row(k + r * kv_width, kv_width, (uint32_t *)((uint16_t *)k_cache + at));
+            bf16_pairs_of_row(v + r * kv_width, kv_width, (uint32_t *)((uint16_t *)v_cache + at));
+            continue;
+        }
+        memcpy((float *)k_cache + at, k + r * kv_width, sizeof(float) * (size_t)kv_width);
+        memcpy((float *)v_cache + at, v + r * kv_width, sizeof(float) * (size_t)kv_width);
+    }
 }

@@ -55,7 +55,8 @@ static void chunk_attention(const float *q, const float *k, const float *v, Shap
 }
 
 typedef struct {
-    const float *queries, *k, *v;   /* queries: [kv_heads, rows, dim] */
+    const float *queries;           /* [kv_heads, rows, dim] */
+    kv_elements k, v;               /* float32, or bfloat16 (then bf16 too) */
     Shape s;
     int64_t kv_heads, chunks, keys;
     int whole_chunks;               /* a task: a chunk, every KV head; else one KV head of one chunk */
@@ -70,7 +71,8 @@ static void head_of_chunk(const Chunks *t, int64_t h, int64_t c, int slot) {
     const Shape s = t->s;
     const int64_t first = c * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
     const int64_t at = first * s.stride + h * s.dim;
-    chunk_attention(t->queries + h * s.rows * s.dim, t->k + at, t->v + at, s, n, t->scale,
+    chunk_attention(t->queries + h * s.rows * s.dim, (const float *)t->k.base + at, (const float *)t->v.base + at, s,
+                    n, t->scale,
                     t->scores + slot * t->scratch, t->partials + (h * t->chunks + c) * s.rows * (s.dim + 2));
 }
 
@@ -81,8 +83,8 @@ static bf16_ahead next_chunk(const Chunks *t, int64_t c, int slot) {
     const int64_t next = slot == 0 ? c + 1 : c - 1;
     if (next < 0 || next >= t->chunks) return (bf16_ahead){NULL, NULL, 0, 0};
     const int64_t first = next * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
-    return (bf16_ahead){(const char *)(t->k + first * t->s.stride), (const char *)(t->v + first * t->s.stride),
-                        n * t->s.stride * (int64_t)sizeof(float) / 64, 0};
+    return (bf16_ahead){kv_from(t->k, first * t->s.stride).base, kv_from(t->v, first * t->s.stride).base,
+                        n * t->s.stride * (t->k.bf16 ? 2 : 4) / 64, 0};
 }
 
 /* KV heads [h0, h1) of chunk c in bfloat16 products (decode_bf16.h): the chunk's keys and values packed, then each
@@ -94,7 +96,8 @@ static void heads_of_chunk_bf16(const Chunks *t, int64_t h0, int64_t h1, int64_t
                                                     s.dim);
     int64_t rows[CHUNK];
     for (int64_t i = 0; i < n; i++) rows[i] = i * s.stride;
-    pack_decode_chunk(t->k + first * s.stride, t->v + first * s.stride, rows, n, t->kv_heads, h0, h1, s.dim, w.packed);
+    pack_decode_chunk(kv_from(t->k, first * s.stride), kv_from(t->v, first * s.stride), rows, n, t->kv_heads, h0, h1,
+                      s.dim, w.packed);
     bf16_ahead ahead = next_chunk(t, c, slot);
     for (int64_t h = h0; h < h1; h++)
         decode_chunk_bf16(t->queries + h * s.rows * s.dim, s.rows, s.dim, t->kv_heads, h, n, s.dim, t->scale, w,
@@ -115,7 +118,7 @@ static void chunk_of(void *context, int64_t task, int slot) {
 }
 
 /* every (KV head, chunk) task on the pool's threads; nonzero when scratch memory ran out */
-static int run_chunks(const float *queries, const float *k, const float *v, Shape s, int64_t kv_heads,
+static int run_chunks(const float *queries, kv_elements k, kv_elements v, Shape s, int64_t kv_heads,
                       int64_t keys, int bf16, float scale, float *partials, int threads) {
     const int64_t chunks = (keys + CHUNK - 1) / CHUNK;
     if (threads < 1) threads = 1;
@@ -132,7 +135,7 @@ static int run_chunks(const float *queries, const float *k, const float *v, Shap
 /* every KV head's chunks' partials for q's rows: [kv_heads, chunks, batch * groups, dim + 2] (row (b, g) of head h:
    query head h * groups + g of row b), allocated; NULL when memory runs out */
 static float *trunk_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                             const float *k, const float *v, int64_t keys, int bf16, float scale, int threads) {
+                             kv_elements k, kv_elements v, int64_t keys, int bf16, float scale, int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
     const Shape s = {rows, dim, kv_heads * dim};
     float *queries = malloc(sizeof(float) * (size_t)(kv_heads * rows * dim));
@@ -154,7 +157,8 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
                            const float *k, const float *v, int64_t keys, float scale, float *out, float *lse,
                            int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
-    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, 0, scale, threads);
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, (kv_elements){k, 0}, (kv_elements){v, 0}, keys,
+                                     0, scale, threads);
     if (!partials) return -1;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t row = 0; row < rows; row++) {
@@ -169,14 +173,15 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
 /* The same rows' attention over the trunk, left as each chunk's partial (max, sum, unnormalised output) for
  * swarm_paged_decode's `given`: row b's go to given[given_rows[b]] ([given_width, heads, dim + 2], chunk by chunk).
  * With keys a multiple of swarm_prefix_chunk(), a row gets the bits of its whole context read by
- * swarm_paged_decode alone, in the same precision of products (bf16: bfloat16, decode_bf16.h). Returns -1 when
- * memory runs out. */
+ * swarm_paged_decode alone, in the same precision of products (bf16: bfloat16, decode_bf16.h). kv_bf16: k and v
+ * hold bfloat16 (then the products are bfloat16). Returns -1 when memory runs out. */
 int swarm_prefix_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                          const float *k, const float *v, int64_t keys, float scale, int bf16, float *given,
+                          const void *k, const void *v, int64_t keys, float scale, int bf16, int kv_bf16, float *given,
                           const int64_t *given_rows, int64_t given_width, int threads) {
     const int64_t groups = heads / kv_heads, chunks = (keys + CHUNK - 1) / CHUNK, rows = batch * groups;
     const int64_t part = dim + 2;
-    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, k, v, keys, bf16, scale, threads);
+    float *partials = trunk_partials(q, batch, heads, kv_heads, dim, (kv_elements){k, kv_bf16},
+                                     (kv_elements){v, kv_bf16}, keys, bf16 || kv_bf16, scale, threads);
     if (!partials) return -1;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t c = 0; c < chunks; c++)

@@ -9,10 +9,10 @@ int swarm_prefix_attention(const float *q, int64_t batch, int64_t heads, int64_t
                            int threads);
 
 /* The same over a trunk of whole chunks, each chunk's partials left for swarm_paged_decode's given: row b's go to
- * given[given_rows[b]] ([given_width, heads, dim + 2]); bf16: in bfloat16 products, as swarm_paged_decode's.
- * Returns -1 when scratch memory runs out. */
+ * given[given_rows[b]] ([given_width, heads, dim + 2]); bf16: in bfloat16 products, as swarm_paged_decode's;
+ * kv_bf16: k and v hold bfloat16. Returns -1 when scratch memory runs out. */
 int swarm_prefix_partials(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                          const float *k, const float *v, int64_t keys, float scale, int bf16, float *given,
+                          const void *k, const void *v, int64_t keys, float scale, int bf16, int kv_bf16, float *given,
                           const int64_t *given_rows, int64_t given_width, int threads);
 
 /* the keys of a chunk */

@@ -38,6 +38,7 @@ typedef struct {
     int64_t stride;            /* floats from one key's row to the next's */
     const float *carry_in;     /* or NULL: each row's running state over keys before the span, continued here */
     float *carry_out;          /* or NULL: each row's running state after the span goes here, not out and lse */
+    int kv_bf16;               /* the keys and values are bfloat16 (read by the bfloat16 products only) */
 } Problem;
 
 /* A row's running state (max, sum, unnormalised output [dim]): [tokens][heads][dim + 2] in carry_in and carry_out.
@@ -140,7 +141,37 @@ static void pack_values(const float *v, const Problem *p, int64_t h, int64_t chu
     }
 }
 
-static int pack_span(const float *k, const float *v, const Problem *p, Packed *packed, int threads) {
+/* pack_values from bfloat16 values */
+static void pack_bf16_values(const uint16_t *v, const Problem *p, int64_t h, int64_t chunk, uint32_t *out) {
+    const int64_t pairs = CHUNK / 2, dim = p->dim;
+    for (int64_t j = 0; j < pairs; j++) {
+        const int64_t t = chunk * CHUNK + 2 * j;
+        const uint16_t *low = t < p->keys ? v + t * p->stride + h * dim : NULL;
+        const uint16_t *high = t + 1 < p->keys ? low + p->stride : NULL;
+        for (int64_t d = 0; d < dim; d++)
+            out[d * pairs + j] = (low ? low[d] : 0u) | (uint32_t)(high ? high[d] : 0u) << 16;
+    }
+}
+
+/* keys [first, stop) of KV head h as their pairs of dims, and the chunk's values */
+static void pack_chunk(const void *k, const void *v, const Problem *p, int64_t h, int64_t chunk, int64_t first,
+                       int64_t stop, Packed *packed) {
+    const int64_t half = p->dim / 2;
+    uint32_t *values = packed->values + (h * packed->chunks + chunk) * p->dim * (CHUNK / 2);
+    for (int64_t t = first; t < stop; t++) {
+        uint32_t *pairs = packed->keys + (h * p->keys + t) * half;
+        if (p->kv_bf16)
+            memcpy(pairs, (const uint16_t *)k + t * p->stride + h * p->dim, sizeof(uint32_t) * (size_t)half);
+        else
+            bf16_pairs_of_row((const float *)k + t * p->stride + h * p->dim, p->dim, pairs);
+    }
+    if (p->kv_bf16)
+        pack_bf16_values(v, p, h, chunk, values);
+    else
+        pack_values(v, p, h, chunk, values);
+}
+
+static int pack_span(const void *k, const void *v, const Problem *p, Packed *packed, int threads) {
     const int64_t half = p->dim / 2;
     packed->chunks = (p->keys + CHUNK - 1) / CHUNK;
     packed->keys = malloc(sizeof(uint32_t) * (size_t)(p->kv_heads * p->keys * half));
@@ -150,9 +181,7 @@ static int pack_span(const float *k, const float *v, const Problem *p, Packed *p
     for (int64_t task = 0; task < p->kv_heads * packed->chunks; task++) {
         const int64_t h = task / packed->chunks, chunk = task % packed->chunks;
         const int64_t stop = (chunk + 1) * CHUNK < p->keys ? (chunk + 1) * CHUNK : p->keys;
-        for (int64_t t = chunk * CHUNK; t < stop; t++)
-            bf16_pairs_of_row(k + t * p->stride + h * p->dim, p->dim, packed->keys + (h * p->keys + t) * half);
-        pack_values(v, p, h, chunk, packed->values + (h * packed->chunks + chunk) * p->dim * (CHUNK / 2));
+        pack_chunk(k, v, p, h, chunk, chunk * CHUNK, stop, packed);
     }
     return 0;
 }
@@ -278,15 +307,16 @@ int swarm_rows_attention_bf16_native(void) {
 /* q: [tokens, heads, dim]; k, v: [keys, kv_heads, dim] rows `stride` floats apart; out: [tokens,
  * heads, dim]; lse: [tokens, heads]. causal: token i sits at key position keys - tokens + i and
  * sees keys up to it (tokens <= keys); otherwise every token sees every key. dim is a multiple
- * of 8. bf16: the products in bfloat16 (above). carry_in, carry_out: NULL, or running states (Problem).
- * Returns -1 when scratch memory runs out. */
+ * of 8. bf16: the products in bfloat16 (above). kv_bf16: k and v hold bfloat16 (the products are then bfloat16).
+ * carry_in, carry_out: NULL, or running states (Problem). Returns -1 when scratch memory runs out. */
 int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
-                         const float *k, const float *v, int64_t keys, int causal, int bf16, float scale, float *out,
-                         float *lse, const float *carry_in, float *carry_out, int threads) {
+                         const void *k, const void *v, int64_t keys, int causal, int bf16, int kv_bf16, float scale,
+                         float *out, float *lse, const float *carry_in, float *carry_out, int threads) {
     const int64_t groups = heads / kv_heads;
     const int64_t block_tokens = BLOCK_ROWS / groups > 0 ? BLOCK_ROWS / groups : 1;
     const Problem p = {tokens, heads, kv_heads, groups, dim, keys, keys - tokens, causal, block_tokens,
-                       kv_heads * dim, carry_in, carry_out};
+                       kv_heads * dim, carry_in, carry_out, kv_bf16};
+    bf16 = bf16 || kv_bf16;
     const int64_t blocks = (tokens + block_tokens - 1) / block_tokens, cols = (block_tokens * groups + 7) / 8 * 8;
     Packed packed = {NULL, NULL, 0};
     int failed = 0;
@@ -311,7 +341,8 @@ int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t 
                 block_attention_bf16(q, &packed, &p, h, block * block_tokens, scale, scratch16_of(memory, cols, dim),
                                      out, lse);
             else
-                block_attention(q, k, v, &p, h, block * block_tokens, scale, scratch_of(memory, cols, dim), out, lse);
+                block_attention(q, (const float *)k, (const float *)v, &p, h, block * block_tokens, scale,
+                                scratch_of(memory, cols, dim), out, lse);
         }
         free(memory);
     }

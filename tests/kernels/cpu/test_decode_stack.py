@@ -20,11 +20,13 @@ pytestmark = pytest.mark.skipif(not DecodeStack.available(), reason="no C compil
 BLOCKS, BLOCK_SIZE, SCALE = 12, 8, HEAD_DIM ** -0.5
 
 
-def random_pool(layers: int) -> KVCache:
+def random_pool(layers: int, dtype: torch.dtype = torch.float32) -> KVCache:
+    """float32 values that bfloat16 holds exactly, in `dtype`: pools of either dtype hold the same keys and values."""
     generator = torch.Generator().manual_seed(9)
     shape = (BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    return KVCache([(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
-                    for _ in range(layers)], BLOCK_SIZE)
+    def values():
+        return torch.randn(shape, generator=generator).to(torch.bfloat16).to(dtype)
+    return KVCache([(values(), values()) for _ in range(layers)], BLOCK_SIZE)
 
 
 def a_step(members: torch.Tensor | None):
@@ -66,6 +68,33 @@ def test_one_call_gives_the_layer_by_layer_bits(members, qk_norm, attention):
     assert torch.equal(got, want)
     for (k, v), (want_k, want_v) in zip(stacked_pool.layers, pool.layers):
         assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+@pytest.mark.parametrize("members", [None, torch.tensor([True, False, True])])
+def test_a_bfloat16_pool_gives_the_bits_of_a_float32_pool_of_the_same_values(members):
+    """In bfloat16 products (plain C where this build has no AVX512-BF16), one call and layer by layer, the new
+    keys and values written rounded as those products round them."""
+    layers = [decode_layer(*layer_parts(True, seed=10 * i)) for i in range(3)]
+    x, cos, sin = step_inputs(4)
+    slots, plan = a_step(members)
+    pool16, pool32, stacked16 = random_pool(3, torch.bfloat16), random_pool(3), random_pool(3, torch.bfloat16)
+    got = DecodeStack(layers, stacked16.layers, SCALE, bf16_attention=True).run(
+        x, cos, sin, slots, plan.private_tables, plan.private_lens, fused_decode._trunks(plan))
+    want = DecodeStack(layers, pool32.layers, SCALE, bf16_attention=True).run(
+        x, cos, sin, slots, plan.private_tables, plan.private_lens, fused_decode._trunks(plan))
+    assert torch.equal(got, want)
+    if native_attention.bf16_products_native():   # (the backend's products are float32 elsewhere)
+        assert torch.equal(layer_by_layer(layers, pool16, x, cos, sin, slots, plan, "bfloat16"), want)
+    for (k, v), (k16, v16), (k32, v32) in zip(stacked16.layers, pool16.layers, pool32.layers):
+        assert k.dtype == torch.bfloat16
+        assert torch.equal(k, k32.to(torch.bfloat16)) and torch.equal(v, v32.to(torch.bfloat16))
+        if native_attention.bf16_products_native():
+            assert torch.equal(k, k16) and torch.equal(v, v16)
+
+
+def test_a_bfloat16_pool_is_refused_to_float32_products():
+    with pytest.raises(KernelError, match="bfloat16 products only"):
+        DecodeStack([decode_layer(*layer_parts(False))], random_pool(1, torch.bfloat16).layers, SCALE)
 
 
 def test_a_trunk_in_consecutive_blocks_is_read_in_place():
