@@ -13,7 +13,7 @@ configure_openmp()   # before anything imports torch: its OpenMP runtime reads i
 _PUBLIC = {   # the module that defines them -> the names exported here
     "engine.llm": ("LLM", "RequestOutput"),
     "engine.sampling": ("SamplingParams",),
-    "engine.llm_engine": ("LLMEngine", "StepResult", "pick_device", "pick_dtype"),
+    "engine.llm_engine": ("LLMEngine", "StepResult", "pick_device", "pick_dtype", "pick_kv_dtype"),
     "engine.machine_probe": ("MachineProbe", "MatmulRate", "cached_probe", "cpu_has_native", "cpu_model_name"),
     "engine.options": ("EngineOptions", "KVFloor", "RUNTIME_RESERVE_BYTES", "WEIGHT_SCHEMES"),
     "engine.kv.sizing": ("KVSizing", "KVPoolTooSmall"),

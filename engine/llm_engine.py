@@ -52,17 +52,15 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.source)
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)
-        self.prompt_precision = prompt_matmul.choose(options.dtype, self.device, self.dtype)
-        prompt_attention = prompt_matmul.choose_attention(self.prompt_precision)
-        self.decode_precision = prompt_matmul.choose_decode(self.prompt_precision)
-        decode_attention = prompt_matmul.choose_decode_attention(self.decode_precision, prompt_attention)
+        precisions = prompt_matmul.choose_all(options.dtype, self.device, self.dtype)
+        self.prompt_precision, self.decode_precision = precisions.prompt, precisions.decode
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
         use_decode_products(loaded.net, self.decode_precision)
         self.weights = loaded.weights
         self.onednn_weights = loaded.packed
-        self.kv_dtype = pool_dtype(self.device, self.dtype, prompt_attention, decode_attention)
+        self.kv_dtype = pool_dtype(self.device, self.dtype, precisions.prompt_attention, precisions.decode_attention)
         self.kv_sizing = size_kv_pool(loaded.net, self.config, options, self.dtype, self.device,
                                       device_memory(self.device), self.kv_dtype)
         num_blocks = self.kv_sizing.num_blocks
@@ -78,7 +76,7 @@ class LLMEngine:
         graphs = None if self.states is not None else decode_graphs.engine_settings(
             options, self.device, num_blocks, self.config.max_position_embeddings)
         self.runner = ModelRunner(loaded.net, kv, self.device, options.cascade_attention, graphs, self.states,
-                                  self.prompt_precision, prompt_attention, decode_attention)
+                                  self.prompt_precision, precisions.prompt_attention, precisions.decode_attention)
         self.sampler = Sampler()
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids)
         self.live: dict[int, Sequence] = {}
@@ -255,6 +253,14 @@ def pick_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SwarmError("device 'cuda' asked for, but torch sees no GPU; use --device cpu or auto")
     return device
+
+
+def pick_kv_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype of the KV pool an engine of dtype `name` keeps on `device` (engine.attention.select.pool_dtype):
+    on a CPU, auto's may be bfloat16 where its compute is float32."""
+    dtype = pick_dtype(name, device)
+    precisions = prompt_matmul.choose_all(name, device, dtype)
+    return pool_dtype(device, dtype, precisions.prompt_attention, precisions.decode_attention)
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

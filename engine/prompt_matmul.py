@@ -37,6 +37,7 @@ import math
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -94,6 +95,25 @@ def choose_decode_attention(decode_products: str, prompt_attention: str) -> str:
     (choose_attention): the decode kernels multiply as the prompt kernel does, on the same instruction; float32
     otherwise."""
     return "bfloat16" if decode_products == prompt_attention == "bfloat16" else "float32"
+
+
+@dataclass(frozen=True, slots=True)
+class Precisions:
+    """What an engine's products take (of PRECISIONS, or "float32"/"bfloat16"): prompt rows' matmuls and attention,
+    decode rows' matmuls on the quantized layers and attention."""
+    prompt: str
+    prompt_attention: str
+    decode: str
+    decode_attention: str
+
+
+def choose_all(dtype_option: str, device: torch.device, dtype: torch.dtype) -> Precisions:
+    """Every precision in turn, each from the ones before (choose, choose_attention, choose_decode,
+    choose_decode_attention)."""
+    prompt = choose(dtype_option, device, dtype)
+    prompt_attention = choose_attention(prompt)
+    decode = choose_decode(prompt)
+    return Precisions(prompt, prompt_attention, decode, choose_decode_attention(decode, prompt_attention))
 
 
 def _usable(path: str) -> bool:

@@ -94,12 +94,12 @@ def requests_report(paths: list[Path], model: str, sizing: Sizing) -> RequestsRe
 
 
 def _kv_dtype(sizing: Sizing) -> str:
-    """As inspect-prefix sizes a spec whose dtype is auto: float16 for a shipped config, else what
-    the engine would pick on this machine."""
+    """As inspect-prefix sizes a spec whose dtype is auto: float16 for a shipped config, else the pool
+    the engine would keep on this machine."""
     if sizing.model_config:
         return "float16"
-    from engine import pick_device, pick_dtype
-    return str(pick_dtype("auto", pick_device("auto"))).removeprefix("torch.")
+    from engine import pick_device, pick_kv_dtype
+    return str(pick_kv_dtype("auto", pick_device("auto"))).removeprefix("torch.")
 
 
 def print_report(report: RequestsReport, console: Console) -> None:

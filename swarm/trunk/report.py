@@ -239,7 +239,7 @@ def _branches(prompts: PromptSet, divergences: list[Divergence]) -> list[AgentBr
 
 
 def _kv_dtype(spec: SwarmSpec | None, sizing: Sizing) -> str:
-    """`auto` sizes for what the engine would pick here; a model sized from a shipped config
+    """`auto` sizes for the pool the engine would keep here; a model sized from a shipped config
     (one not installed, usually for a GPU) or for a card is sized in float16."""
     if spec is None:
         return "float16"
@@ -247,8 +247,8 @@ def _kv_dtype(spec: SwarmSpec | None, sizing: Sizing) -> str:
         return spec.dtype
     if sizing.model_config or sizing.card_bytes or spec.device.startswith("cuda"):
         return "float16"
-    from engine import pick_device, pick_dtype
-    return str(pick_dtype("auto", pick_device(spec.device))).removeprefix("torch.")
+    from engine import pick_device, pick_kv_dtype
+    return str(pick_kv_dtype("auto", pick_device(spec.device))).removeprefix("torch.")
 
 
 def kv_shape(config: ModelConfig, dtype: str) -> KvShape:

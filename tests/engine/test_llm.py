@@ -79,6 +79,39 @@ def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, va
             assert tokens == want_tokens and torch.equal(logits, want_logits)
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_a_bfloat16_pool_gives_every_logit_the_bits_of_a_float32_pool(tiny_model_dir, variant, monkeypatch):
+    """Prompts and decode rows in bfloat16 products, their attention too (as auto takes them where the probe
+    measured them faster): the pool is kept in bfloat16 where this CPU multiplies bfloat16 natively, half the
+    bytes, and every logit of agents sharing a trunk, prompts computed beside decode rows, has the bits the same
+    engine gives from a float32 pool."""
+    import engine.llm_engine as llm_engine
+    from engine import prompt_matmul
+    from engine.llm_engine import EngineOptions, LLMEngine
+    from kernels.cpu import native_attention
+    from tests.helpers.engine_runs import run_with_logits
+
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_matmul.KERNEL)
+    monkeypatch.setattr(prompt_matmul, "choose_attention", lambda precision: "bfloat16")
+    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16")
+    folder = str(tiny_model_dir(variant))
+    _, prompts = swarm_prompts(trunk_len=300, suffix_len=30, agents=4, seed=7)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    options = EngineOptions(kv_budget_tokens=4096, weights="q4_1", mixed_step_tokens=16)
+    pooled = LLMEngine(folder, options)
+    native = native_attention.available() and native_attention.bf16_products_native()
+    assert pooled.kernels()["kv_dtype"] == ("bfloat16" if native else "float32")
+    monkeypatch.setattr(llm_engine, "pool_dtype", lambda *choices: torch.float32)
+    plain = LLMEngine(folder, options)
+    assert plain.kernels()["kv_dtype"] == "float32"
+    if native:
+        assert pooled.kv_bytes_per_token * 2 == plain.kv_bytes_per_token
+    runs = [run_with_logits(engine, prompts, params) for engine in (pooled, plain)]
+    assert runs[0][1] > 0, "no prompt was computed beside decode rows"
+    for (tokens, logits), (want_tokens, want_logits) in zip(runs[0][0], runs[1][0]):
+        assert tokens == want_tokens and torch.equal(logits, want_logits)
+
+
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_prompts_arriving_beside_decoding_agents_run_in_mixed_steps_with_the_tokens_they_get_alone(
         tiny_model_dir, variant):

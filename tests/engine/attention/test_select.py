@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.attention.select import BACKEND_ENV, AttentionBackendError, select_backend
+from engine.attention.select import BACKEND_ENV, AttentionBackendError, pool_dtype, select_backend
 from engine.errors import SwarmError
 from engine.kv.cache import KVCache
 from tests.helpers.kernel_calls import count_cascade_prefills
@@ -30,6 +30,21 @@ def test_the_fused_cpu_kernels_serve_the_cpu_by_default_and_torch_on_request(mon
     for name in ("sdpa", "torch"):
         monkeypatch.setenv(BACKEND_ENV, name)
         assert backend_name() == name
+
+
+def test_the_pool_is_bfloat16_where_every_read_of_it_is_a_bfloat16_product(monkeypatch):
+    from kernels.cpu import native_attention
+
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    native = native_attention.available() and native_attention.bf16_products_native()
+    assert pool_dtype(CPU, torch.float32, "bfloat16", "bfloat16") == (torch.bfloat16 if native else torch.float32)
+    for prompt, decode in (("float32", "bfloat16"), ("bfloat16", "float32"), ("float32", "float32")):
+        assert pool_dtype(CPU, torch.float32, prompt, decode) == torch.float32
+    assert pool_dtype(CPU, torch.bfloat16, "bfloat16", "bfloat16") == torch.bfloat16   # a named dtype is kept
+    assert pool_dtype(torch.device("cuda"), torch.float16, "bfloat16", "bfloat16") == torch.float16
+    for name in ("sdpa", "torch"):   # kernels whose attention reads float32
+        monkeypatch.setenv(BACKEND_ENV, name)
+        assert pool_dtype(CPU, torch.float32, "bfloat16", "bfloat16") == torch.float32
 
 
 def test_an_unknown_backend_says_what_to_use_and_is_a_user_error(monkeypatch):

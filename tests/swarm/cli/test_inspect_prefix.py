@@ -4,10 +4,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from engine import WEIGHT_FILE_TYPES
-from engine.llm_engine import pick_dtype
+from engine import LLM, WEIGHT_FILE_TYPES
 from swarm.spec.schema import load_spec
 from tests.helpers.spec_files import EXAMPLE_SPEC, MINIMAL, REPO, prompts_for, write_spec
 
@@ -17,8 +15,7 @@ def test_prints_trunk_agents_lint_and_memory(swarm_cli):
     assert code == 0, err
     trunk = prompts_for(load_spec(EXAMPLE_SPEC))[0].trunk
     assert f"trunk: {len(trunk.token_ids):,} tokens, sha256 {trunk.sha256[:16]}" in out
-    dtype = pick_dtype("auto", torch.device("cpu"))
-    bytes_per_token = 2 * 30 * 3 * 64 * torch.tensor([], dtype=dtype).element_size()
+    bytes_per_token = LLM(load_spec(EXAMPLE_SPEC).model).engine.kv_bytes_per_token   # the pool the engine keeps
     for text in ("Agents", "fixer", "reviewer-1", "prefix lint: no findings", "KV memory: 4 agents",
                  f"{bytes_per_token:,} B"):
         assert text in out
