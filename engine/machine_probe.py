@@ -23,7 +23,9 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       (kernels/cpu/csrc/quant_matmul.c) of DECODE_SHAPE in Q4_1, for `dtype: auto`'s choice of the
                       decode rows' products.
 
-Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent.
+Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent;
+the attention's and the decode matmul's precisions, which `dtype: auto` compares with each other, are timed side by
+side, a round of each in turn (fastest_each).
 Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
 
 Cached in $SWARM_CACHE_DIR (default ~/.cache/swarm)/machine-probe.json, one entry per `machine_key`: the CPU's
@@ -50,6 +52,7 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
 REPEATS = 3
+SIDE_BY_SIDE_ROUNDS = 8   # of runs compared with each other (fastest_each)
 BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2}   # per dtype, the read probe, per attention
                                                                           # precision, per decode (precision, rows)
 FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
@@ -156,10 +159,8 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
                                                                                         budget_s["matmul"])
              for path in probed_paths()}
     read = read_bytes_per_s(budget_s["read"])
-    attention = {precision: attention_rate(precision, budget_s.get("attention", BUDGET_S["attention"]))
-                 for precision in attention_precisions()}
-    decode = {precision: {str(rows): decode_rate(precision, rows, budget_s.get("decode", BUDGET_S["decode"]))
-                          for rows in DECODE_ROWS} for precision in decode_precisions()}
+    attention = attention_rates(attention_precisions(), budget_s.get("attention", BUDGET_S["attention"]))
+    decode = decode_rates(decode_precisions(), budget_s.get("decode", BUDGET_S["decode"]))
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
                         torch.__version__, rates, read, time.perf_counter() - began, attention, decode)
 
@@ -172,16 +173,21 @@ def attention_precisions() -> list[str]:
     return ["float32"] + (["bfloat16"] if native_attention.rows_attention_bf16_native() else [])
 
 
-def attention_rate(precision: str, budget_s: float) -> float:
-    """FLOP/s of the C prompt attention on a causal ATTENTION_SHAPE prompt, its products in `precision`."""
+def attention_rates(precisions: list[str], budget_s: float) -> dict[str, float]:
+    """FLOP/s of the C prompt attention on a causal ATTENTION_SHAPE prompt, its products in each precision, timed
+    side by side (budget_s: per precision)."""
     from kernels.cpu import native_attention
     tokens, heads, kv_heads, dim = ATTENTION_SHAPE
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(tokens, heads, dim, generator=generator)
     k, v = (torch.randn(tokens, kv_heads, dim, generator=generator) for _ in range(2))
     flops = 2 * 2 * heads * dim * tokens * (tokens + 1) // 2   # two products over each token's keys
-    bf16 = precision == "bfloat16"
-    return flops / fastest_s(lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16), budget_s)
+
+    def attend(bf16: bool) -> Callable[[], object]:
+        return lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16)
+
+    seconds = fastest_each({p: attend(p == "bfloat16") for p in precisions}, budget_s * len(precisions))
+    return {precision: flops / s for precision, s in seconds.items()}
 
 
 def decode_precisions() -> list[str]:
@@ -192,8 +198,10 @@ def decode_precisions() -> list[str]:
     return ["float32"] + (["bfloat16"] if quant_matmul.bf16_native() else [])
 
 
-def decode_rate(precision: str, rows: int, budget_s: float) -> float:
-    """FLOP/s of the C decode matmul of `rows` rows against a DECODE_SHAPE weight in Q4_1, in `precision`."""
+def decode_rates(precisions: list[str], budget_s: float) -> dict[str, dict[str, float]]:
+    """FLOP/s of the C decode matmul of each of DECODE_ROWS rows against a DECODE_SHAPE weight in Q4_1, its
+    products in each precision: {precision: {rows: FLOP/s}}, the precisions timed side by side at each row count
+    (budget_s: per precision and row count)."""
     import gguf.quants
     import numpy as np
 
@@ -203,10 +211,19 @@ def decode_rate(precision: str, rows: int, budget_s: float) -> float:
     values = np.random.default_rng(0).standard_normal((outputs, inputs)).astype(np.float32)
     weight = QuantizedTensor(torch.from_numpy(gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1)), "Q4_1",
                              inputs)
-    matmul = WeightSet([weight], [None], bf16=precision == "bfloat16")
-    x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(0))
+    matmuls = {precision: WeightSet([weight], [None], bf16=precision == "bfloat16") for precision in precisions}
     calls = 20   # a call takes tens of microseconds: a run of them is timed
-    return calls * 2 * rows * outputs * inputs / fastest_s(lambda: [matmul(x) for _ in range(calls)], budget_s)
+    rates: dict[str, dict[str, float]] = {precision: {} for precision in precisions}
+    for rows in DECODE_ROWS:
+        x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(0))
+
+        def run(matmul: WeightSet) -> Callable[[], object]:
+            return lambda: [matmul(x) for _ in range(calls)]
+
+        seconds = fastest_each({p: run(matmul) for p, matmul in matmuls.items()}, budget_s * len(precisions))
+        for precision, s in seconds.items():
+            rates[precision][str(rows)] = calls * 2 * rows * outputs * inputs / s
+    return rates
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:
@@ -278,6 +295,25 @@ def fastest_s(run: Callable[[], object], budget_s: float) -> float:
         now = time.perf_counter()
         best = min(best, now - start)
         if now - began >= budget_s:
+            break
+    return best
+
+
+def fastest_each(runs: dict[str, Callable[[], object]], budget_s: float) -> dict[str, float]:
+    """Seconds of each run's fastest, the runs timed in turn, a round at a time: one untimed round, then up to
+    SIDE_BY_SIDE_ROUNDS, fewer once `budget_s` is spent. Runs compared with each other so see the same load:
+    timed one after the other on a busy 2-core VM, a burst of another process's work during the second made
+    bfloat16's attention measure 0.89x float32's, where side by side it measured 1.3x."""
+    began = time.perf_counter()
+    for run in runs.values():
+        run()
+    best = {name: math.inf for name in runs}
+    for _ in range(SIDE_BY_SIDE_ROUNDS):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+        if time.perf_counter() - began >= budget_s:
             break
     return best
 

@@ -14,6 +14,7 @@ from engine.machine_probe import (
     bf16_mode_sums_in_float32,
     cache_path,
     cached_probe,
+    fastest_each,
     probe_machine,
 )
 from kernels.cpu import bf16_matmul
@@ -63,6 +64,16 @@ def test_the_decode_matmul_is_timed_for_one_row_and_eight_in_each_precision_its_
     assert set(probe.decode_flop_s) == {"float32"} | ({"bfloat16"} if quant_matmul.bf16_native() else set())
     for rates in probe.decode_flop_s.values():
         assert set(rates) == {"1", "8"} and all(0 < rate < math.inf for rate in rates.values())
+
+
+def test_runs_compared_with_each_other_are_timed_in_turn_and_each_keeps_its_fastest():
+    calls = []
+    seconds = fastest_each({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, budget_s=60.0)
+    assert calls[:4] == ["a", "b", "a", "b"] and len(calls) % 2 == 0 and len(calls) > 2
+    assert all(0 <= s < math.inf for s in seconds.values()) and set(seconds) == {"a", "b"}
+    calls.clear()
+    fastest_each({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, budget_s=0.0)
+    assert calls == ["a", "b", "a", "b"]   # a spent budget still times one round after the untimed one
 
 
 @pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s"])
