@@ -16,7 +16,9 @@
  * AVX512-BF16); scores, softmax, sums and outputs stay float32. The span's keys and values are laid out for the
  * instruction once a call. The second product runs transposed, O_c^T = V_c^T P^T, so a task's partials are kept
  * a row of `cols` per quantity ([dim + 2][cols]). Without AVX512-BF16 the products run in plain C, with the
- * same bits (swarm_rows_attention_bf16_native says which build this is; the portable build's exp is libm's).
+ * same bits (swarm_rows_attention_bf16_native says which build this is; the portable build's exp is libm's). Keys
+ * and values kept in bfloat16 (a pool in bfloat16, `kv_bf16`) are laid out as they are, with the bits of float32
+ * ones holding the same values; the float32 products read float32 ones only.
  * Built by kernels/cpu/native.py; called through ctypes from kernels/cpu/native_attention.py.
  */
 #include <math.h>
