@@ -132,26 +132,18 @@ typedef struct {
     int64_t chunks;
 } Packed;
 
-static void pack_values(const float *v, const Problem *p, int64_t h, int64_t chunk, uint32_t *out) {
-    const int64_t pairs = CHUNK / 2, dim = p->dim;
-    for (int64_t j = 0; j < pairs; j++) {
-        const int64_t t = chunk * CHUNK + 2 * j;
-        const float *low = t < p->keys ? v + t * p->stride + h * dim : NULL;
-        const float *high = t + 1 < p->keys ? low + p->stride : NULL;
-        for (int64_t d = 0; d < dim; d++)
-            out[d * pairs + j] = bf16_pair(low ? low[d] : 0.0f, high ? high[d] : 0.0f);
-    }
+/* value i of the span as bfloat16 bits: float32 ones rounded, bfloat16 ones (kv_bf16) as they are */
+static inline uint32_t bf16_value(const void *v, int64_t i, int kv_bf16) {
+    return kv_bf16 ? ((const uint16_t *)v)[i] : bf16_bits(((const float *)v)[i]);
 }
 
-/* pack_values from bfloat16 values */
-static void pack_bf16_values(const uint16_t *v, const Problem *p, int64_t h, int64_t chunk, uint32_t *out) {
+static void pack_values(const void *v, const Problem *p, int64_t h, int64_t chunk, uint32_t *out) {
     const int64_t pairs = CHUNK / 2, dim = p->dim;
     for (int64_t j = 0; j < pairs; j++) {
-        const int64_t t = chunk * CHUNK + 2 * j;
-        const uint16_t *low = t < p->keys ? v + t * p->stride + h * dim : NULL;
-        const uint16_t *high = t + 1 < p->keys ? low + p->stride : NULL;
+        const int64_t t = chunk * CHUNK + 2 * j, low = t * p->stride + h * dim, high = low + p->stride;
         for (int64_t d = 0; d < dim; d++)
-            out[d * pairs + j] = (low ? low[d] : 0u) | (uint32_t)(high ? high[d] : 0u) << 16;
+            out[d * pairs + j] = (t < p->keys ? bf16_value(v, low + d, p->kv_bf16) : 0u)
+                                 | (t + 1 < p->keys ? bf16_value(v, high + d, p->kv_bf16) : 0u) << 16;
     }
 }
 
@@ -167,10 +159,7 @@ static void pack_chunk(const void *k, const void *v, const Problem *p, int64_t h
         else
             bf16_pairs_of_row((const float *)k + t * p->stride + h * p->dim, p->dim, pairs);
     }
-    if (p->kv_bf16)
-        pack_bf16_values(v, p, h, chunk, values);
-    else
-        pack_values(v, p, h, chunk, values);
+    pack_values(v, p, h, chunk, values);
 }
 
 static int pack_span(const void *k, const void *v, const Problem *p, Packed *packed, int threads) {
