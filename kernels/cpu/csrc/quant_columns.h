@@ -174,15 +174,9 @@ INLINE void sub_block_dot(int format, int tile, int bf16, const uint8_t *const *
         return;
     }
 #endif
-    for (int h = 0; h < vectors; h++) {
+    for (int h = 0; h < vectors; h++) {   /* float32 products (bfloat16 ones: only in AVX512-BF16 builds, above) */
         const int a = h * COLUMNS_A_VECTOR, z = a + COLUMNS_A_VECTOR - 1;
         const sub_header head = sub_header_of(format, blocks[a], blocks[z], d[a], d[z], m[a], m[z], s);
-        if (bf16) {
-            for (int j = 0; j < 4; j += 2)
-                BF16_DOT(chunk_of(format, blocks[a], blocks[z], s, j, head),
-                         chunk_of(format, blocks[a], blocks[z], s, j + 1, head), k0 + 32 * s + 8 * j);
-            continue;
-        }
         for (int j = 0; j < 4; j++) {
             const vfloat w = chunk_of(format, blocks[a], blocks[z], s, j, head);
             for (int i = 0; i < tile; i++) acc[i][h] = VF_FMADD(w, x_chunk(xr[i] + k0 + 32 * s + 8 * j), acc[i][h]);
