@@ -170,12 +170,14 @@ static int consecutive(const int64_t *rows, int64_t n, int64_t row) {
     return 1;
 }
 
-/* the n rows' elements of KV heads [h0, h1) as bfloat16 pairs, `width` words from a row's to the next's: a
-   bfloat16 cache's own rows where they lie one after another (a trunk's chunk: nothing copied; 8 rows over a
-   SmolLM2 layer's 8,192-token trunk from memory, 0.91-0.94x the time of staging them), else staged */
+/* the n rows' elements of KV heads [h0, h1) as bfloat16 pairs, `width` words from a row's to the next's: staged,
+   or, where the caller prefetched them (`prefetched`: the trunk's kernel), a bfloat16 cache's own rows where they
+   lie one after another (nothing copied; 8 rows over a SmolLM2 layer's 8,192-token trunk from memory, 0.91-0.94x
+   the time of staging them; unprefetched, a lone sequence's chunk read in place waited on memory for each pair of
+   value rows: staging reads it front to back, as the hardware prefetches) */
 static const uint32_t *rows_of(kv_elements cache, const int64_t *rows, int64_t n, int64_t kv_heads, int64_t h0,
-                               int64_t h1, int64_t dim, uint32_t *stage, int64_t *width) {
-    if (cache.bf16 && consecutive(rows, n, kv_heads * dim)) {
+                               int64_t h1, int64_t dim, int prefetched, uint32_t *stage, int64_t *width) {
+    if (prefetched && cache.bf16 && consecutive(rows, n, kv_heads * dim)) {
         *width = kv_heads * dim / 2;
         return (const uint32_t *)kv_from(cache, rows[0] + h0 * dim).base;
     }
@@ -185,18 +187,21 @@ static const uint32_t *rows_of(kv_elements cache, const int64_t *rows, int64_t n
 }
 
 /* n keys' rows (every KV head's side by side, token t's at offset rows[t] of each cache) into `packed`, for KV
-   heads [h0, h1): the keys' rows in bfloat16 (rows_of), laid out for the products, then the values' */
+   heads [h0, h1): the keys' rows in bfloat16 (rows_of; prefetched: the caller prefetched them), laid out for the
+   products, then the values' */
 static void pack_decode_chunk(kv_elements k_cache, kv_elements v_cache, const int64_t *rows, int64_t n,
-                              int64_t kv_heads, int64_t h0, int64_t h1, int64_t dim, uint32_t *packed) {
+                              int64_t kv_heads, int64_t h0, int64_t h1, int64_t dim, int prefetched,
+                              uint32_t *packed) {
     uint32_t *keys = packed, *values = packed + kv_heads * decode_keys_words(dim);
     uint32_t *stage = values + kv_heads * decode_values_words(dim);
     int64_t width;   /* words from a row's to the next's */
-    const uint32_t *k_rows = rows_of(k_cache, rows, n, kv_heads, h0, h1, dim, stage, &width);
+    const uint32_t *k_rows = rows_of(k_cache, rows, n, kv_heads, h0, h1, dim, prefetched, stage, &width);
     for (int64_t h = h0; h < h1; h++)
         for (int64_t p = 0; 16 * p < n; p++)
             pack_key_panel_of(k_rows + (h - h0) * dim / 2, width, p, n, dim,
                               keys + h * decode_keys_words(dim) + p * dim * 8);
-    const uint16_t *v_rows = (const uint16_t *)rows_of(v_cache, rows, n, kv_heads, h0, h1, dim, stage, &width);
+    const uint16_t *v_rows = (const uint16_t *)rows_of(v_cache, rows, n, kv_heads, h0, h1, dim, prefetched, stage,
+                                                       &width);
     for (int64_t h = h0; h < h1; h++)
         for (int64_t i = 0; 2 * i < n; i++)
             pack_value_pair_into(v_rows + (h - h0) * dim, 2 * width, i, n, dim,

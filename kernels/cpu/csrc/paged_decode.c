@@ -149,7 +149,7 @@ static void chunk_task_bf16(const Problem *p, int64_t b, int64_t first, int64_t 
     token_rows(p, b, first, n, rows);
     const DecodeBf16Scratch w = decode_bf16_scratch(scratch, p->kv_heads, groups, dim);
     pack_decode_chunk((kv_elements){p->k_cache, p->kv_bf16}, (kv_elements){p->v_cache, p->kv_bf16}, rows, n,
-                      p->kv_heads, 0, p->kv_heads, dim, w.packed);
+                      p->kv_heads, 0, p->kv_heads, dim, 0, w.packed);   /* staged: 0.75x the time of in place */
     for (int64_t h = 0; h < p->kv_heads; h++)
         decode_chunk_bf16(p->q + (b * p->heads + h * groups) * dim, groups, dim, p->kv_heads, h, n, dim, p->scale,
                           w, partial + h * groups * part, part, NULL);

@@ -97,7 +97,7 @@ static void heads_of_chunk_bf16(const Chunks *t, int64_t h0, int64_t h1, int64_t
     int64_t rows[CHUNK];
     for (int64_t i = 0; i < n; i++) rows[i] = i * s.stride;
     pack_decode_chunk(kv_from(t->k, first * s.stride), kv_from(t->v, first * s.stride), rows, n, t->kv_heads, h0, h1,
-                      s.dim, w.packed);
+                      s.dim, t->whole_chunks, w.packed);   /* whole chunks: this chunk was prefetched (next_chunk) */
     bf16_ahead ahead = next_chunk(t, c, slot);
     for (int64_t h = h0; h < h1; h++)
         decode_chunk_bf16(t->queries + h * s.rows * s.dim, s.rows, s.dim, t->kv_heads, h, n, s.dim, t->scale, w,
