@@ -45,8 +45,8 @@ def write_chart(report: BenchReport, path: Path) -> Path:
     o = report.options
     cpu = f", {report.machine.cpu}" if report.machine else ""
     kv_dtype = (report.kernels or {}).get("kv_dtype", report.dtype)
-    precision = report.dtype if kv_dtype == report.dtype else f"{report.dtype}, KV {kv_dtype}"
-    fig.suptitle(f"swarm bench: {Path(o.model).name} on {report.device}{cpu} ({precision})\n"
+    precision = f"({report.dtype})" if kv_dtype == report.dtype else f"\n({report.dtype}, its KV cache in {kv_dtype})"
+    fig.suptitle(f"swarm bench: {Path(o.model).name} on {report.device}{cpu} {precision}\n"
                  f"N agents, shared trunk, {o.suffix}-token suffix and {o.new_tokens} new tokens each")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
