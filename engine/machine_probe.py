@@ -286,29 +286,20 @@ def read_bytes_per_s(budget_s: float) -> float:
 def fastest_s(run: Callable[[], object], budget_s: float) -> float:
     """Seconds of the fastest of up to REPEATS timed runs after an untimed one; at least one, fewer once
     `budget_s` is spent."""
-    began = time.perf_counter()
-    run()
-    best = math.inf
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        run()
-        now = time.perf_counter()
-        best = min(best, now - start)
-        if now - began >= budget_s:
-            break
-    return best
+    return fastest_each({"run": run}, budget_s, REPEATS)["run"]
 
 
-def fastest_each(runs: dict[str, Callable[[], object]], budget_s: float) -> dict[str, float]:
+def fastest_each(runs: dict[str, Callable[[], object]], budget_s: float,
+                 rounds: int = SIDE_BY_SIDE_ROUNDS) -> dict[str, float]:
     """Seconds of each run's fastest, the runs timed in turn, a round at a time: one untimed round, then up to
-    SIDE_BY_SIDE_ROUNDS, fewer once `budget_s` is spent. Runs compared with each other so see the same load:
-    timed one after the other on a busy 2-core VM, a burst of another process's work during the second made
-    bfloat16's attention measure 0.89x float32's, where side by side it measured 1.3x."""
+    `rounds`, fewer once `budget_s` is spent. Runs compared with each other so see the same load: timed one after
+    the other on a busy 2-core VM, a burst of another process's work during the second made bfloat16's attention
+    measure 0.89x float32's, where side by side it measured 1.3x."""
     began = time.perf_counter()
     for run in runs.values():
         run()
     best = {name: math.inf for name in runs}
-    for _ in range(SIDE_BY_SIDE_ROUNDS):
+    for _ in range(rounds):
         for name, run in runs.items():
             start = time.perf_counter()
             run()

@@ -28,6 +28,16 @@ def expect_optional(op: str, name: str, tensor: torch.Tensor | None, shape: tupl
         expect_tensor(op, name, tensor, shape)
 
 
+def kv_dtype(op: str, name: str, k: torch.Tensor, bf16_products: bool, flag: str = "bf16=True") -> torch.dtype:
+    """The dtype keys and values must have: float32, or bfloat16 (a pool kept in bfloat16) where the products are
+    bfloat16 (`flag` says how to ask for them), as those round float32 keys and values to it."""
+    if k.dtype != torch.bfloat16:
+        return torch.float32
+    if not bf16_products:
+        raise refusal(op, name, f"in bfloat16 is read by bfloat16 products only: pass {flag}")
+    return torch.bfloat16
+
+
 def refusal(op: str, name: str, problem: str) -> KernelError:
     """The error for a condition between arguments (a head count that divides another, a width that matches):
     raised as `if not ...: raise refusal(...)`, so that a passing call formats no message."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu import entry_points
-from kernels.cpu.checks import expect_rank, expect_tensor, refusal
+from kernels.cpu.checks import expect_rank, expect_tensor, kv_dtype, refusal
 from kernels.cpu.decode_layer import DecodeLayer, Layer
 
 OP = "decode_stack"
@@ -133,9 +133,7 @@ def _check(layers: list[DecodeLayer], caches: list[tuple[torch.Tensor, torch.Ten
     if first.head_dim % 8:
         raise refusal(OP, "head_dim", f"must be a multiple of 8 (the attention's lanes), got {first.head_dim}")
     k0 = caches[0][0]
-    if k0.dtype == torch.bfloat16 and not bf16_attention:
-        raise refusal(OP, "k_cache", "in bfloat16 is read by bfloat16 products only: pass bf16_attention=True")
-    expect_rank(OP, "k_cache", k0, 4, k0.dtype if k0.dtype == torch.bfloat16 else torch.float32)
+    expect_rank(OP, "k_cache", k0, 4, kv_dtype(OP, "k_cache", k0, bf16_attention, "bf16_attention=True"))
     if k0.shape[2:] != (first.kv_heads, first.head_dim) or k0.shape[0] == 0:
         raise refusal(OP, "k_cache", f"must be [blocks, block_size, {first.kv_heads}, {first.head_dim}], "
                                      f"got {list(k0.shape)}")

@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels.cpu import native
-from kernels.cpu.checks import expect_optional, expect_rank, expect_tensor, refusal
+from kernels.cpu.checks import expect_optional, expect_rank, expect_tensor, kv_dtype, refusal
 from kernels.cpu.signatures import SIGNATURES, declare
 from kernels.reference.quant_blocks import block_layout
 
@@ -225,10 +225,10 @@ def paged_decode_outputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tabl
                          bf16: bool = False) -> tuple[Tensor, Tensor]:
     expect_rank("paged_decode", "q", q, 3)
     batch, heads, dim = q.shape
-    kv_dtype = _kv_dtype("paged_decode", "k_cache", k_cache, bf16)
-    expect_rank("paged_decode", "k_cache", k_cache, 4, kv_dtype)
+    cache_dtype = kv_dtype("paged_decode", "k_cache", k_cache, bf16)
+    expect_rank("paged_decode", "k_cache", k_cache, 4, cache_dtype)
     _expect_heads("paged_decode", q, "k_cache", k_cache.shape[2:])
-    expect_tensor("paged_decode", "v_cache", v_cache, k_cache.shape, kv_dtype)
+    expect_tensor("paged_decode", "v_cache", v_cache, k_cache.shape, cache_dtype)
     expect_rank("paged_decode", "block_tables", block_tables, 2, torch.int64)
     if block_tables.shape[0] != batch:
         raise refusal("paged_decode", "block_tables", f"must have a row for each of q's {batch} rows, "
@@ -265,7 +265,7 @@ def paged_decode(lib: ctypes.CDLL, q: Tensor, k_cache: Tensor, v_cache: Tensor, 
 
 
 def check_write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
-    expect_rank("write_kv", "k_cache", k_cache, 4, k_cache.dtype if _is_bf16(k_cache) else torch.float32)
+    expect_rank("write_kv", "k_cache", k_cache, 4, kv_dtype("write_kv", "k_cache", k_cache, True))
     expect_tensor("write_kv", "v_cache", v_cache, k_cache.shape, k_cache.dtype)
     rows, kv_width = k.shape[0], k_cache.shape[2] * k_cache.shape[3]
     expect_tensor("write_kv", "k", k, (rows, *k_cache.shape[2:]))
@@ -360,8 +360,7 @@ def _call_rows_attention(lib, q, k, v, scale, causal, bf16, out, lse, carry_in, 
     tokens, heads, dim = q.shape
     failed = lib.swarm_rows_attention(q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
                                       k.shape[0], int(causal), int(bf16), _is_bf16(k), scale, out, lse, carry_in,
-                                      carry_out,
-                                      torch.get_num_threads())
+                                      carry_out, torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its scratch memory")
 
@@ -391,10 +390,10 @@ def _rows_outputs(op: str, q: Tensor, k: Tensor, v: Tensor, bf16: bool = False) 
 
 def _expect_rows(op: str, q: Tensor, k: Tensor, v: Tensor, bf16: bool = False) -> None:
     expect_rank(op, "q", q, 3)
-    kv_dtype = _kv_dtype(op, "k", k, bf16)
-    expect_rank(op, "k", k, 3, kv_dtype)
+    cache_dtype = kv_dtype(op, "k", k, bf16)
+    expect_rank(op, "k", k, 3, cache_dtype)
     _expect_heads(op, q, "k", k.shape[1:])
-    expect_tensor(op, "v", v, k.shape, kv_dtype)
+    expect_tensor(op, "v", v, k.shape, cache_dtype)
     if k.shape[0] == 0:
         raise refusal(op, "k", "must hold at least one key")
 
@@ -409,16 +408,6 @@ def _expect_heads(op: str, q: Tensor, kv_name: str, kv_heads_and_dim: torch.Size
         raise refusal(op, "q", f"must have a multiple of the {kv_heads} KV heads, got {heads} heads")
     if dim % 8:
         raise refusal(op, "q", f"must have a head width that is a multiple of 8, got {dim}")
-
-
-def _kv_dtype(op: str, name: str, k: Tensor, bf16: bool) -> torch.dtype:
-    """The dtype keys and values must have: float32, or bfloat16 (a pool kept in bfloat16) where the products are
-    bfloat16, as they round float32 keys and values to it."""
-    if k.dtype != torch.bfloat16:
-        return torch.float32
-    if not bf16:
-        raise refusal(op, name, "in bfloat16 is read by bfloat16 products only: pass bf16=True")
-    return torch.bfloat16
 
 
 def _is_bf16(k: Tensor) -> int:

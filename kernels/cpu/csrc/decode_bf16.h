@@ -148,8 +148,10 @@ typedef struct {
     int bf16;
 } kv_elements;
 
+static inline int64_t kv_bytes(kv_elements cache, int64_t elements) { return elements * (cache.bf16 ? 2 : 4); }
+
 static inline kv_elements kv_from(kv_elements cache, int64_t elements) {
-    return (kv_elements){(const char *)cache.base + elements * (cache.bf16 ? 2 : 4), cache.bf16};
+    return (kv_elements){(const char *)cache.base + kv_bytes(cache, elements), cache.bf16};
 }
 
 /* n rows of `count` elements (at cache + rows[t]) as bfloat16 pairs, row t's at stage + t * count / 2: read front

@@ -236,8 +236,8 @@ static int run_tasks(const Problem *p, int64_t batch, const int64_t *lengths, co
  * chunks before each table's first token, computed elsewhere (swarm_prefix_partials, for a shared trunk):
  * sequence b's first given_chunks[b] are merged with its own, before them, as if its table held their tokens.
  * bf16: the products in bfloat16 (decode_bf16.h); given partials then come from swarm_prefix_partials in bf16.
- * kv_bf16: the caches hold bfloat16 (then bf16 is set too). dim is a multiple of 8. A sequence with no tokens gets out = 0 and lse = -inf. Returns -1 when
- * scratch memory runs out. */
+ * kv_bf16: the caches hold bfloat16 (then bf16 is set too). dim is a multiple of 8. A sequence with no tokens
+ * gets out = 0 and lse = -inf. Returns -1 when scratch memory runs out. */
 int swarm_paged_decode(const float *q, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
                        const void *k_cache, const void *v_cache, int64_t block_size, const int64_t *tables,
                        int64_t width, const int64_t *lengths, const float *given, const int64_t *given_chunks,

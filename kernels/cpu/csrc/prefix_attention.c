@@ -84,7 +84,7 @@ static bf16_ahead next_chunk(const Chunks *t, int64_t c, int slot) {
     if (next < 0 || next >= t->chunks) return (bf16_ahead){NULL, NULL, 0, 0};
     const int64_t first = next * CHUNK, n = t->keys - first < CHUNK ? t->keys - first : CHUNK;
     return (bf16_ahead){kv_from(t->k, first * t->s.stride).base, kv_from(t->v, first * t->s.stride).base,
-                        n * t->s.stride * (t->k.bf16 ? 2 : 4) / 64, 0};
+                        kv_bytes(t->k, n * t->s.stride) / 64, 0};
 }
 
 /* KV heads [h0, h1) of chunk c in bfloat16 products (decode_bf16.h): the chunk's keys and values packed, then each
