@@ -24,11 +24,13 @@ from engine.loading.loader import load_model_config, load_tokenizer, resolve_mod
 from engine.machine_probe import cpu_has_native
 from engine.model_runner import ModelRunner
 from engine.options import EngineOptions
+from engine.packed_weights import choose_panels, pack
 from engine.quantized_layers import use_decode_products
 from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.weight_memory import with_panels
 
 
 @dataclass(slots=True)
@@ -58,7 +60,8 @@ class LLMEngine:
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
         use_decode_products(loaded.net, self.decode_precision)
-        self.weights = loaded.weights
+        self.packed_weights = choose_panels(options.packed_weights, self.device, precisions, loaded.net)
+        self.weights = with_panels(loaded.weights, pack(loaded.net)) if self.packed_weights else loaded.weights
         self.onednn_weights = loaded.packed
         self.kv_dtype = pool_dtype(self.device, self.dtype, precisions.prompt_attention, precisions.decode_attention)
         self.kv_sizing = size_kv_pool(loaded.net, self.config, options, self.dtype, self.device,
@@ -200,12 +203,14 @@ class LLMEngine:
 
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
-        precision of prompts' products and of their attention's, of decode rows' products on the quantized layers
-        and of their attention's, the KV pool's dtype, whether decode steps replay as graphs, and on a hybrid the
+        precision of prompts' products and of their attention's, whether the quantized weights are also kept as
+        bfloat16 panels (engine.packed_weights), of decode rows' products on the quantized layers and of their
+        attention's, the KV pool's dtype, whether decode steps replay as graphs, and on a hybrid the
         gated delta rule's kernels (torch or fla)."""
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
-                  "matmuls": "onednn" if self.onednn_weights else "torch", "prompt_products": self.prompt_precision,
+                  "matmuls": "onednn" if self.onednn_weights else "torch", "packed_weights": self.packed_weights,
+                  "prompt_products": self.prompt_precision,
                   "prompt_attention": attention.prompt_attention(), "decode_products": self.decode_precision,
                   "decode_attention": attention.decode_attention(),
                   "kv_dtype": str(self.kv_dtype).removeprefix("torch."),

@@ -35,4 +35,6 @@ class EngineOptions:
     cascade_attention: bool = True
     weights: str = "auto"           # engine.loading.weight_plan: keep a GGUF's formats, float, or q8_0 & co
     onednn_weights: bool = True     # CPU float32: weights in oneDNN's layout, multiplied by oneDNN
+    packed_weights: bool | None = None   # CPU bfloat16 products: quantized weights also kept as bfloat16 panels
+                                         # (engine.packed_weights); None: where the machine reads them faster
     cuda_graphs: bool = True        # a GPU's decode steps replayed as CUDA/HIP graphs (engine.decode_graphs)

@@ -44,16 +44,24 @@ class QuantizedLinear(nn.Module):
         self._expand = _cpu_expander(weight.format) if on_cpu else None
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
         self.decode_products = "float32"   # of the rows the C kernel takes (engine.prompt_matmul.choose_decode)
+        self.panels: torch.Tensor | None = None   # the weight packed once in bfloat16 (engine.packed_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return self.weight_set_with(())(x)[0]
+            return self.weight_set_with(())(x)[0]   # packed or not: panels give the same bits either way
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
+        if self.panels is not None:
+            return bf16_kernel.packed_linear(x, self.panels, self.out_features, self.bias)
         if prompt_matmul.kernel_now() and x.is_cpu and bf16_kernel.available():
             return bf16_kernel.quantized_linear(x, self.quantized, self.bias, self.scratch)
         return prompt_matmul.with_step_precision(dequant_matmul, x, self.quantized, self.bias, self.scratch,
                                                  dequantize=self._expand)
+
+    def use_panels(self, panels: torch.Tensor) -> None:
+        """Every CPU row multiplies these bfloat16 panels of the weight from now on (engine.packed_weights)."""
+        self.panels = panels
+        self._weight_sets.clear()
 
     @property
     def on_cpu_kernel(self) -> bool:
@@ -64,11 +72,14 @@ class QuantizedLinear(nn.Module):
         """The CPU kernel's WeightSet of this layer's weight and then the others', in this layer's decode_products,
         made on first use."""
         bf16 = self.decode_products == "bfloat16"
-        key = (bf16, *(id(layer) for layer in others))
+        layers = (self, *others)
+        panels = [layer.panels for layer in layers]
+        packed = bf16 and all(p is not None for p in panels)
+        key = (bf16, packed, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
-            layers = (self, *others)
             self._weight_sets[key] = layers, WeightSet([layer.quantized for layer in layers],
-                                                       [layer.bias for layer in layers], bf16=bf16)
+                                                       [layer.bias for layer in layers], bf16=bf16,
+                                                       panels=panels if packed else None)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:

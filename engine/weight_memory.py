@@ -20,3 +20,12 @@ class WeightMemory:
 
     def to_json(self) -> dict:
         return {"total_bytes": self.total_bytes, "by_format": dict(self.by_format), "label": self.label}
+
+
+PANELS_FORMAT = "BF16 panels"
+
+
+def with_panels(weights: WeightMemory, panels_bytes: int) -> WeightMemory:
+    """The weights with their bfloat16 panels (engine.packed_weights) counted beside the blocks."""
+    return WeightMemory(weights.total_bytes + panels_bytes, {**weights.by_format, PANELS_FORMAT: panels_bytes},
+                        weights.label)

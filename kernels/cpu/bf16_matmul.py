@@ -79,3 +79,25 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedTensor, bias: torch.Tenso
             ops.bf16_pack_weight(tile, panels)
         ops.bf16_matmul(pairs, panels, stop - start, None if bias is None else bias[start:stop], out, start)
     return out.reshape(*x.shape[:-1], rows)
+
+
+def pack_quantized(weight: QuantizedTensor) -> torch.Tensor:
+    """The whole weight as bfloat16 panels (entry_points.bf16_panels_shape), once: the tiles quantized_linear
+    expands on each call, kept."""
+    panels = torch.empty(entry_points.bf16_panels_shape(*weight.shape), dtype=torch.int32)
+    if weight.format in entry_points.QUANT_FORMATS:
+        ops.bf16_pack_quant(weight.blocks, weight.format, weight.cols, panels)
+    else:
+        ops.bf16_pack_weight(reference_expansion(weight, (0, weight.shape[0]),
+                                                 torch.empty(weight.shape, dtype=torch.float32)), panels)
+    return panels
+
+
+def packed_linear(x: torch.Tensor, panels: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] float32 @ W.T + bias for a weight of `rows` rows packed by pack_quantized: quantized_linear's
+    bits, without expanding the weight."""
+    cols = x.shape[-1]
+    flat = x.reshape(-1, cols).contiguous()
+    out = torch.empty(flat.shape[0], rows)
+    ops.bf16_matmul(ops.bf16_round_rows(flat), panels, rows, bias, out, 0)
+    return out.reshape(*x.shape[:-1], rows)

@@ -14,7 +14,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu import entry_points, ops
+from kernels.cpu import bf16_matmul, entry_points, ops
 from kernels.cpu.checks import expect_rank, refusal
 from kernels.reference.quant_blocks import QuantizedTensor
 
@@ -24,7 +24,8 @@ OP = "quant_matmul_many"
 
 class Description(ctypes.Structure):
     _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
-                ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr)), ("bf16", _i64)]
+                ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr)), ("bf16", _i64),
+                ("panels", ctypes.POINTER(_ptr))]
 
 
 class WeightSet:
@@ -32,7 +33,8 @@ class WeightSet:
     products summed in float32 (quant_matmul_many's bf16, csrc/quant_matmul.c's top)."""
 
     def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
-                 library: ctypes.CDLL | None = None, bf16: bool = False):
+                 library: ctypes.CDLL | None = None, bf16: bool = False,
+                 panels: list[torch.Tensor] | None = None):
         self.blocks = [weight.blocks for weight in weights]
         self.codes = [entry_points.QUANT_FORMATS[weight.format][0] for weight in weights]
         self.biases = list(biases)
@@ -46,12 +48,24 @@ class WeightSet:
                         (_i64 * count)(*self.rows), (_ptr * count)(*(None if b is None else b.data_ptr()
                                                                      for b in self.biases)))
         self.bf16 = bf16
-        self.description = Description(count, self.cols, *self._arrays, int(bf16))   # the C struct swarm_weight_set
+        self.panels = panels
+        if panels is not None:
+            expected = [entry_points.bf16_panels_shape(rows, self.cols) for rows in self.rows]
+            if not bf16 or [tuple(p.shape) for p in panels] != [tuple(e) for e in expected] or any(
+                    p.dtype != torch.int32 or not p.is_contiguous() for p in panels):
+                raise refusal(OP, "panels", f"must be each weight's bfloat16 panels {expected} (int32), "
+                                            "for bfloat16 products")
+        packed = None if panels is None else (_ptr * count)(*(p.data_ptr() for p in panels))
+        self._packed = packed
+        self.description = Description(count, self.cols, *self._arrays, int(bf16), packed)   # swarm_weight_set
         self._by_reference = ctypes.byref(self.description)
         self._outputs = _ptr * count
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self._library is None and ops.torch_is_watching():
+            if self.panels is not None:
+                return [bf16_matmul.packed_linear(x, panels, rows, bias)
+                        for panels, rows, bias in zip(self.panels, self.rows, self.biases)]
             if len(self.blocks) == 1 and not self.bf16:
                 format = entry_points.FORMAT_OF_CODE[self.codes[0]]
                 return [ops.quant_matmul(x, self.blocks[0], format, self.cols, self.biases[0])]

@@ -7,16 +7,9 @@ import torch
 from engine import LLM, SamplingParams
 from tests.engine.conftest import ALL_VARIANTS
 from tests.helpers.kernel_calls import count_cascade_prefills
+from tests.helpers.shared_trunk import swarm_prompts
 
 BLOCK = 16
-
-
-def swarm_prompts(trunk_len: int, suffix_len: int, agents: int = 8, seed: int = 0):
-    """A shared trunk, then suffixes that differ from their first token on."""
-    rng = random.Random(seed)
-    trunk = [rng.randrange(4, 300) for _ in range(trunk_len)]
-    return trunk, [trunk + [10 + i] + [rng.randrange(4, 300) for _ in range(suffix_len - 1)]
-                   for i in range(agents)]
 
 
 def unique_blocks_in_use(llm: LLM) -> int:

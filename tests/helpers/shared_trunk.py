@@ -3,6 +3,8 @@ prompts (one system-prompt trunk that ends inside a KV block, then a task each) 
 greedy tokens with prefix sharing on, off, and one request at a time."""
 from __future__ import annotations
 
+import random
+
 from engine import LLM, SamplingParams
 
 TASKS = ["Fix the failing test.", "Explain the parser.", "Add type hints.", "Rename the module.",
@@ -30,3 +32,11 @@ def assert_sharing_changes_no_output(shared: LLM, unshared: LLM, max_tokens: int
     assert [o.token_ids for o in together] == [o.token_ids for o in unshared_together]
     assert [o.token_ids for o in together[:alone]] == [o.token_ids for o in by_themselves]
     assert all(o.num_cached_tokens >= len(trunk) for o in together[1:])
+
+
+def swarm_prompts(trunk_len: int, suffix_len: int, agents: int = 8, seed: int = 0):
+    """A shared trunk of random token ids, then suffixes that differ from their first token on."""
+    rng = random.Random(seed)
+    trunk = [rng.randrange(4, 300) for _ in range(trunk_len)]
+    return trunk, [trunk + [10 + i] + [rng.randrange(4, 300) for _ in range(suffix_len - 1)]
+                   for i in range(agents)]

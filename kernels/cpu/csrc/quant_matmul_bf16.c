@@ -56,6 +56,45 @@ static void column_range_bf16(const void *rows, int64_t M, int64_t K, const uint
 }
 #endif
 
+/* Weights packed once as bf16_matmul.c's panels: a task is one weight's 64 outputs (4 panels) for every row */
+#define PACKED_OUTPUTS (BF16_PANELS * BF16_LANES)
+
+typedef struct {
+    const uint32_t *pairs;   /* x's rows rounded, K2 words a row */
+    int64_t M, K2;
+    const uint32_t *const *panels;
+    const int64_t *N;
+    const float *const *bias;
+    float *const *y;
+} PackedWeights;
+
+static int64_t packed_tasks(int64_t N) { return (N + PACKED_OUTPUTS - 1) / PACKED_OUTPUTS; }
+
+static void packed_task(void *context, int64_t task, int slot) {
+    (void)slot;
+    const PackedWeights *p = context;
+    int64_t w = 0;
+    for (; task >= packed_tasks(p->N[w]); w++) task -= packed_tasks(p->N[w]);
+    const int64_t n0 = task * PACKED_OUTPUTS, N = p->N[w];
+    const bf16_problem tile = {p->pairs, p->K2, p->K2, p->panels[w] + n0 / BF16_LANES * p->K2 * BF16_LANES,
+                               p->K2 * BF16_LANES, BF16_LANES, p->bias[w] ? p->bias[w] + n0 : NULL, 1.0f,
+                               p->y[w] + n0, N, NULL};
+    bf16_tile(&tile, p->M, N - n0 < PACKED_OUTPUTS ? N - n0 : PACKED_OUTPUTS);
+}
+
+int swarm_packed_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint32_t *const *panels,
+                             const int64_t *N, const float *const *bias, float *const *y, int threads) {
+    uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(M * K / 2 + 1));
+    if (!pairs) return -1;
+    for (int64_t r = 0; r < M; r++) bf16_pairs_of_row(x + r * K, K, pairs + r * (K / 2));
+    int64_t tasks = 0;
+    for (int64_t w = 0; w < count; w++) tasks += packed_tasks(N[w]);
+    PackedWeights work = {pairs, M, K / 2, panels, N, bias, y};
+    swarm_pool_run(packed_task, &work, tasks, threads);
+    free(pairs);
+    return 0;
+}
+
 /* 1 where this build takes bfloat16 products on AVX512-BF16, 0 where it takes them in plain C */
 int swarm_quant_matmul_bf16_native(void) {
 #if defined(HAS_BF16_COLUMNS)

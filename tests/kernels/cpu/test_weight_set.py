@@ -1,13 +1,16 @@
 """A WeightSet, the quantized weights of one x described to the kernel once, against quant_matmul(_many) of the
-same weights: the same bits, the same refusals, and the op where torch is watching."""
+same weights: the same bits, the same refusals, and the op where torch is watching. With bfloat16 panels
+(engine.packed_weights): the prompt kernel's bits, and its oracle's."""
 import pytest
 import torch
 
-from kernels.cpu import quant_matmul
+from kernels.cpu import bf16_matmul, quant_matmul
 from kernels.cpu.weight_set import WeightSet
 from kernels.errors import KernelError
+from kernels.reference.bf16_matmul import bf16_matmul as bf16_oracle
+from kernels.reference.quant_matmul import DequantScratch
 from tests.helpers import portable_kernels as portable
-from tests.helpers.random_blocks import random_weight
+from tests.helpers.random_blocks import gguf_values, random_weight
 
 pytestmark = pytest.mark.skipif(not quant_matmul.available(), reason="no C compiler for the kernel")
 
@@ -75,3 +78,58 @@ def test_under_the_profiler_a_set_of_one_weight_runs_as_quant_matmul():
         (profiled,) = WeightSet([weight], [None])(x)
     assert "swarm::quant_matmul" in {event.name for event in profiler.events()}
     assert torch.equal(profiled, quant_matmul.quant_matmul(x, weight))
+
+
+def packed_layer():
+    """q, k and v of one x with their bfloat16 panels (kernels.cpu.bf16_matmul.pack_quantized)"""
+    weights, biases = layer_weights()
+    return weights, biases, [bf16_matmul.pack_quantized(weight) for weight in weights]
+
+
+@pytest.mark.parametrize("rows", [1, 6, 8, 13, 64])
+def test_a_packed_set_gives_every_row_the_bits_of_the_prompt_kernel_and_its_oracle(rows):
+    weights, biases, panels = packed_layer()
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+    got = WeightSet(weights, biases, bf16=True, panels=panels)(x)
+    scratch = DequantScratch()
+    for out, weight, bias in zip(got, weights, biases):
+        assert torch.equal(out, bf16_matmul.quantized_linear(x, weight, bias, scratch))
+        assert torch.equal(out, bf16_oracle(x, gguf_values(weight), bias))
+
+
+def test_a_packed_rows_bits_do_not_depend_on_its_batch():
+    weights, biases, panels = packed_layer()
+    packed = WeightSet(weights, biases, bf16=True, panels=panels)
+    x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(0))
+    together = packed(x)
+    for row in (0, 4, 8):
+        alone = packed(x[row:row + 1].contiguous())
+        assert all(torch.equal(a[row], b[0]) for a, b in zip(together, alone))
+
+
+def test_a_packed_set_through_the_portable_build_gives_the_native_bits(tmp_path):
+    weights, biases, panels = packed_layer()
+    x = torch.randn(5, 1536)
+    plain = WeightSet(weights, biases, portable.portable_library("quant_matmul", tmp_path), bf16=True, panels=panels)
+    assert all(torch.equal(a, b) for a, b in zip(plain(x), WeightSet(weights, biases, bf16=True, panels=panels)(x)))
+
+
+def test_a_packed_set_goes_through_the_packed_op_where_torch_is_watching():
+    weights, biases, panels = packed_layer()
+    packed = WeightSet(weights, biases, bf16=True, panels=panels)
+    x = torch.randn(3, 1536)
+    with torch.profiler.profile() as watched:
+        got = packed(x)
+    assert any(event.name == "swarm::bf16_matmul" for event in watched.events())
+    assert all(torch.equal(a, b) for a, b in zip(got, packed(x)))
+
+
+@pytest.mark.parametrize("bad", ["float32 products", "another shape", "int64"])
+def test_panels_the_kernel_would_misread_are_refused(bad):
+    weights, biases, panels = packed_layer()
+    if bad == "another shape":
+        panels[1] = bf16_matmul.pack_quantized(weights[0])
+    if bad == "int64":
+        panels[2] = panels[2].long()
+    with pytest.raises(KernelError, match=r"swarm::quant_matmul_many: panels must be each weight's bfloat16 panels"):
+        WeightSet(weights, biases, bf16=bad != "float32 products", panels=panels)
