@@ -3,8 +3,8 @@
 With bfloat16 products on swarm's C kernels, a decode row's matmul expands each block of a weight into
 bfloat16 in registers before it multiplies (kernels/cpu/csrc/quant_columns.h), and a prompt expands a tile at
 a time into a scratch (kernels.cpu.bf16_matmul.quantized_linear). On a machine with few cores that expansion,
-not memory, bounds a decode step: 8 rows of SmolLM2 on a 2-core Zen 4 spend about half their matmul time on
-it. Panels are the expanded weight laid out once (bf16_matmul.pack_quantized, 2 bytes a weight): every row,
+not memory, bounds a decode step: on a Zen 4 core, 8 rows against a 4,096 x 4,096 Q4_1 weight took 2.41 ms, and
+1.70 without expanding the blocks (their bytes read as codes), the vector units taking one or the other. Panels are the expanded weight laid out once (bf16_matmul.pack_quantized, 2 bytes a weight): every row,
 prompt or decode, then multiplies them as a prompt does (swarm_bf16_matmul's sums), so a row's bits still never
 depend on what it is batched with, and prompts skip their expansion too.
 
