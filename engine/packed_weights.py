@@ -4,16 +4,19 @@ With bfloat16 products on swarm's C kernels, a decode row's matmul expands each 
 bfloat16 in registers before it multiplies (kernels/cpu/csrc/quant_columns.h), and a prompt expands a tile at
 a time into a scratch (kernels.cpu.bf16_matmul.quantized_linear). On a machine with few cores that expansion,
 not memory, bounds a decode step: on a Zen 4 core, 8 rows against a 4,096 x 4,096 Q4_1 weight took 2.41 ms, and
-1.70 without expanding the blocks (their bytes read as codes), the vector units taking one or the other. Panels are the expanded weight laid out once (bf16_matmul.pack_quantized, 2 bytes a weight): every row,
-prompt or decode, then multiplies them as a prompt does (swarm_bf16_matmul's sums), so a row's bits still never
-depend on what it is batched with, and prompts skip their expansion too.
+1.70 without expanding the blocks (their bytes read as codes), the vector units taking one or the other.
+Panels are the expanded weight laid out once (bf16_matmul.pack_quantized, 2 bytes a weight): every row, prompt
+or decode, then multiplies them as a prompt does (swarm_bf16_matmul's sums), so a row's bits still never depend
+on what it is batched with, and prompts skip their expansion too.
 
 They cost memory (3.2x Q4_1's bytes), and a step reads more bytes. `auto` keeps them where both hold:
 - the panels take at most PANELS_SHARE of the host's available memory;
-- by the machine probe's rates, a decode step of 1 and of 8 rows takes less time from panels (the greater of
-  their bytes over the read bandwidth and their FLOPs at the bfloat16 kernel's rate) than expanding the blocks
-  (their FLOPs at the decode matmul's measured rate for that many rows). Many cores expand fast and keep the
-  blocks; two cores and good bandwidth read panels.
+- by the machine probe's rates, a decode step of 1 and of 8 rows takes less time from panels (their bytes at the
+  read bandwidth, then their FLOPs at the bfloat16 kernel's rate) than from the blocks (their bytes, then their
+  FLOPs at the decode matmul's measured rate for that many rows). The reads and the arithmetic are added, not
+  overlapped: on this project's 2-core Zen 4, SmolLM2's lone-row step from memory took about their sum (its
+  layers 10.3-10.5 ms from the blocks at 28-30 GB/s, against 3.4 + 7.1 estimated). Many cores expand fast and
+  keep the blocks; few cores and good bandwidth read panels.
 """
 from __future__ import annotations
 
@@ -50,16 +53,17 @@ def can_pack(device: torch.device, precisions: Precisions) -> bool:
             and bf16_matmul.available())
 
 
-def faster_from_panels(probe: MachineProbe, params: int, nbytes: int) -> bool:
+def faster_from_panels(probe: MachineProbe, params: int, panel_bytes: int, block_bytes: int) -> bool:
     """Whether a decode step of each of DECODE_ROWS rows takes less time from panels than from the blocks."""
     expanding = probe.decode_flop_s.get("bfloat16", {})
     kernel = probe.matmul_flop_s.get(KERNEL)
     if kernel is None or any(str(rows) not in expanding for rows in DECODE_ROWS):
         return False
+    read = probe.read_bytes_per_s
     for rows in DECODE_ROWS:
         flops = 2 * params * rows
-        from_panels = max(nbytes / probe.read_bytes_per_s, flops / kernel.flop_s)
-        if from_panels >= flops / expanding[str(rows)]:
+        from_panels = panel_bytes / read + flops / kernel.flop_s
+        if from_panels >= block_bytes / read + flops / expanding[str(rows)]:
             return False
     return True
 
@@ -80,7 +84,7 @@ def choose_panels(option: bool | None, device: torch.device, precisions: Precisi
     if nbytes > PANELS_SHARE * available_host_bytes():
         return False
     params = sum(layer.quantized.shape[0] * layer.quantized.shape[1] for layer in layers)
-    return faster_from_panels(cached_probe(), params, nbytes)
+    return faster_from_panels(cached_probe(), params, nbytes, sum(layer.quantized.nbytes for layer in layers))
 
 
 def pack(net: nn.Module) -> int:
