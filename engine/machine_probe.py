@@ -22,6 +22,10 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
     decode_flop_s     per precision of its products (the same two), per row count (1 and 8): swarm's decode matmul
                       (kernels/cpu/csrc/quant_matmul.c) of DECODE_SHAPE in Q4_1, for `dtype: auto`'s choice of the
                       decode rows' products.
+    panels_speedup    per row count (1 and 8), where both bfloat16 kernels are native: the decode matmul's time in
+                      bfloat16 products from a PANELS_SHAPE Q4_1 weight's blocks over its time from the same
+                      weight's bfloat16 panels (engine/packed_weights.py), both from memory, timed side by side:
+                      above 1, panels are faster here.
 
 Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent;
 the attention's and the decode matmul's precisions, which `dtype: auto` compares with each other, are timed side by
@@ -53,8 +57,9 @@ KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
 REPEATS = 3
 SIDE_BY_SIDE_ROUNDS = 8   # of runs compared with each other (fastest_each)
-BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2}   # per dtype, the read probe, per attention
-                                                                          # precision, per decode (precision, rows)
+BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2,   # per dtype, the read probe, per attention
+            "panels": 0.2}                                                # precision, per decode (precision, rows),
+                                                                          # per (blocks or panels, rows)
 FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 CACHE_FILE = "machine-probe.json"
 SUMS_SHAPE = (64, 2048, 64)
@@ -62,6 +67,9 @@ SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products
 ATTENTION_SHAPE = (1024, 9, 3, 64)   # tokens, heads, KV heads, head width: a SmolLM2 layer's causal prompt
 DECODE_SHAPE = (1536, 576)   # outputs, inputs: SmolLM2's gate projection
 DECODE_ROWS = (1, 8)         # a lone agent's step, and 8 agents'
+PANELS_SHAPE = (65536, 2048)  # outputs, inputs: 84 MB of Q4_1 blocks, past the L3 cache as a model's weights are
+                              # (at 21 MB the blocks stayed in this VM's 32 MB: a lone row 0.8x from panels, 1.04x
+                              # here), and 268 MB of panels
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,7 @@ class MachineProbe:
     probe_s: float                 # seconds the probes took
     attention_flop_s: dict[str, float] = field(default_factory=dict)   # per precision of its products
     decode_flop_s: dict[str, dict[str, float]] = field(default_factory=dict)   # per precision, per rows ("1", "8")
+    panels_speedup: dict[str, float] = field(default_factory=dict)             # per rows: blocks' time / panels'
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -106,7 +115,7 @@ class MachineProbe:
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
                    rates, data["read_bytes_per_s"], data["probe_s"], dict(data.get("attention_flop_s", {})),
                    {precision: dict(rows) for precision, rows in data.get("decode_flop_s", {}).items()},
-                   from_cache=True)
+                   dict(data.get("panels_speedup", {})), from_cache=True)
 
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
@@ -138,7 +147,8 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
             cached = None   # an entry from another version of this file: probe again
         if (cached is not None and set(cached.matmul_flop_s) >= set(probed_paths())
                 and set(cached.attention_flop_s) >= set(attention_precisions())
-                and set(cached.decode_flop_s) >= set(decode_precisions())):
+                and set(cached.decode_flop_s) >= set(decode_precisions())
+                and (cached.panels_speedup or not panels_probed())):
             return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
@@ -161,8 +171,9 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     read = read_bytes_per_s(budget_s["read"])
     attention = attention_rates(attention_precisions(), budget_s.get("attention", BUDGET_S["attention"]))
     decode = decode_rates(decode_precisions(), budget_s.get("decode", BUDGET_S["decode"]))
+    panels = panels_speedups(budget_s.get("panels", BUDGET_S["panels"])) if panels_probed() else {}
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
-                        torch.__version__, rates, read, time.perf_counter() - began, attention, decode)
+                        torch.__version__, rates, read, time.perf_counter() - began, attention, decode, panels)
 
 
 def attention_precisions() -> list[str]:
@@ -224,6 +235,40 @@ def decode_rates(precisions: list[str], budget_s: float) -> dict[str, dict[str, 
         for precision, s in seconds.items():
             rates[precision][str(rows)] = calls * 2 * rows * outputs * inputs / s
     return rates
+
+
+def panels_probed() -> bool:
+    """Whether a probe times panels against blocks: both bfloat16 kernels multiply natively."""
+    from kernels.cpu import bf16_matmul, quant_matmul  # builds the kernels, once per machine
+    return (quant_matmul.available() and quant_matmul.bf16_native() and bf16_matmul.available()
+            and bf16_matmul.native())
+
+
+def panels_speedups(budget_s: float) -> dict[str, float]:
+    """{rows: the decode matmul's time from a PANELS_SHAPE Q4_1 weight's blocks over its time from their panels},
+    bfloat16 products, DECODE_ROWS rows, timed side by side (budget_s: per (blocks or panels, rows))."""
+    from kernels.cpu import bf16_matmul
+    from kernels.cpu.weight_set import WeightSet
+    weight = _random_q4_1(*PANELS_SHAPE)
+    sets = {"blocks": WeightSet([weight], [None], bf16=True),
+            "panels": WeightSet([weight], [None], bf16=True, panels=[bf16_matmul.pack_quantized(weight)])}
+    speedups = {}
+    for rows in DECODE_ROWS:
+        x = torch.randn(rows, PANELS_SHAPE[1], generator=torch.Generator().manual_seed(0))
+        seconds = fastest_each({name: (lambda s=s: s(x)) for name, s in sets.items()}, 2 * budget_s)
+        speedups[str(rows)] = seconds["blocks"] / seconds["panels"]
+    return speedups
+
+
+def _random_q4_1(outputs: int, inputs: int):
+    """A Q4_1 weight of random codes under one scale and offset: what a step reads, at no quantizing cost."""
+    import numpy as np
+
+    from kernels.reference.quant_blocks import QuantizedTensor
+    blocks = np.random.default_rng(0).integers(0, 256, (outputs, inputs // 32, 20), dtype=np.uint8)
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    blocks[:, :, 2:4] = np.frombuffer(np.float16(-0.08).tobytes(), dtype=np.uint8)
+    return QuantizedTensor(torch.from_numpy(blocks.reshape(outputs, -1)), "Q4_1", inputs)
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:

@@ -11,12 +11,11 @@ on what it is batched with, and prompts skip their expansion too.
 
 They cost memory (3.2x Q4_1's bytes), and a step reads more bytes. `auto` keeps them where both hold:
 - the panels take at most PANELS_SHARE of the host's available memory;
-- by the machine probe's rates, a decode step of 1 and of 8 rows takes less time from panels (their bytes at the
-  read bandwidth, then their FLOPs at the bfloat16 kernel's rate) than from the blocks (their bytes, then their
-  FLOPs at the decode matmul's measured rate for that many rows). The reads and the arithmetic are added, not
-  overlapped: on this project's 2-core Zen 4, SmolLM2's lone-row step from memory took about their sum (its
-  layers 10.3-10.5 ms from the blocks at 28-30 GB/s, against 3.4 + 7.1 estimated). Many cores expand fast and
-  keep the blocks; few cores and good bandwidth read panels.
+- the machine probe timed the decode matmul of 1 and of 8 rows faster from panels than from the blocks
+  (`panels_speedup`: a Q4_1 weight of 65,536 x 2,048 both ways, from memory, side by side). Many cores expand
+  fast and keep the blocks; few cores and good bandwidth read panels. A rule from the probe's separate rates
+  (bandwidth, the decode matmul's rate on a weight in the cache) missed both ways on this project's VM, whose
+  bandwidth other tenants move between 28 and 51 GB/s.
 """
 from __future__ import annotations
 
@@ -53,19 +52,9 @@ def can_pack(device: torch.device, precisions: Precisions) -> bool:
             and bf16_matmul.available())
 
 
-def faster_from_panels(probe: MachineProbe, params: int, panel_bytes: int, block_bytes: int) -> bool:
-    """Whether a decode step of each of DECODE_ROWS rows takes less time from panels than from the blocks."""
-    expanding = probe.decode_flop_s.get("bfloat16", {})
-    kernel = probe.matmul_flop_s.get(KERNEL)
-    if kernel is None or any(str(rows) not in expanding for rows in DECODE_ROWS):
-        return False
-    read = probe.read_bytes_per_s
-    for rows in DECODE_ROWS:
-        flops = 2 * params * rows
-        from_panels = panel_bytes / read + flops / kernel.flop_s
-        if from_panels >= block_bytes / read + flops / expanding[str(rows)]:
-            return False
-    return True
+def faster_from_panels(probe: MachineProbe) -> bool:
+    """Whether the probe timed the decode matmul of each of DECODE_ROWS rows faster from panels."""
+    return all(probe.panels_speedup.get(str(rows), 0.0) > 1.0 for rows in DECODE_ROWS)
 
 
 def choose_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module) -> bool:
@@ -80,11 +69,9 @@ def choose_panels(option: bool | None, device: torch.device, precisions: Precisi
         return False
     if option is not None:
         return option
-    nbytes = panels_bytes(layers)
-    if nbytes > PANELS_SHARE * available_host_bytes():
+    if panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
         return False
-    params = sum(layer.quantized.shape[0] * layer.quantized.shape[1] for layer in layers)
-    return faster_from_panels(cached_probe(), params, nbytes, sum(layer.quantized.nbytes for layer in layers))
+    return faster_from_panels(cached_probe())
 
 
 def pack(net: nn.Module) -> int:

@@ -15,11 +15,13 @@ from engine.machine_probe import (
     cache_path,
     cached_probe,
     fastest_each,
+    panels_probed,
     probe_machine,
 )
 from kernels.cpu import bf16_matmul
 
-SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05, "decode": 0.01}   # each probe still runs at least once
+SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05, "decode": 0.01, "panels": 0.01}   # each probe still runs
+                                                                                            # at least once
 
 
 @pytest.fixture
@@ -76,7 +78,16 @@ def test_runs_compared_with_each_other_are_timed_in_turn_and_each_keeps_its_fast
     assert calls == ["a", "b", "a", "b"]   # a spent budget still times one round after the untimed one
 
 
-@pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s"])
+def test_panels_are_timed_against_blocks_for_one_row_and_eight_where_both_bfloat16_kernels_are_native():
+    probe = probe_machine(SHORT)
+    if not panels_probed():
+        assert probe.panels_speedup == {}
+        return
+    assert set(probe.panels_speedup) == {"1", "8"}
+    assert all(0 < speedup < math.inf for speedup in probe.panels_speedup.values())
+
+
+@pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s", "panels_speedup"])
 def test_a_cached_entry_without_the_kernels_rates_is_probed_again(cache_dir, rates):
     first = cached_probe(budget_s=SHORT)
     if not getattr(first, rates):

@@ -109,7 +109,8 @@ def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kern
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
                           KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
                          attention or {"float32": 1e11, "bfloat16": 1e11},
-                         decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")})
+                         decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")},
+                         {"1": 1.0, "8": 1.0})
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
