@@ -48,7 +48,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return self.weight_set_with(())(x)[0]   # packed or not: panels give the same bits either way
+            return self.weight_set_with(())(x)[0]   # with panels, packed_linear's bits below
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
         if self.panels is not None:
@@ -72,14 +72,13 @@ class QuantizedLinear(nn.Module):
         """The CPU kernel's WeightSet of this layer's weight and then the others', in this layer's decode_products,
         made on first use."""
         bf16 = self.decode_products == "bfloat16"
-        layers = (self, *others)
-        panels = [layer.panels for layer in layers]
-        packed = bf16 and all(p is not None for p in panels)
+        packed = bf16 and self.panels is not None and all(layer.panels is not None for layer in others)
         key = (bf16, packed, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
+            layers = (self, *others)
             self._weight_sets[key] = layers, WeightSet([layer.quantized for layer in layers],
                                                        [layer.bias for layer in layers], bf16=bf16,
-                                                       panels=panels if packed else None)
+                                                       panels=[layer.panels for layer in layers] if packed else None)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:

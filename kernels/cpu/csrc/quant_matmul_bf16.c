@@ -56,6 +56,14 @@ static void column_range_bf16(const void *rows, int64_t M, int64_t K, const uint
 }
 #endif
 
+/* x's M rows of K floats rounded to bfloat16 pairs, K / 2 words a row, allocated; NULL when memory runs out */
+static uint32_t *rounded_rows(const float *x, int64_t M, int64_t K) {
+    uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(M * K / 2 + 1));
+    if (pairs)
+        for (int64_t r = 0; r < M; r++) bf16_pairs_of_row(x + r * K, K, pairs + r * (K / 2));
+    return pairs;
+}
+
 /* Weights packed once as bf16_matmul.c's panels: a task is one weight's 64 outputs (4 panels) for every row */
 #define PACKED_OUTPUTS (BF16_PANELS * BF16_LANES)
 
@@ -84,9 +92,8 @@ static void packed_task(void *context, int64_t task, int slot) {
 
 int swarm_packed_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint32_t *const *panels,
                              const int64_t *N, const float *const *bias, float *const *y, int threads) {
-    uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(M * K / 2 + 1));
+    uint32_t *pairs = rounded_rows(x, M, K);
     if (!pairs) return -1;
-    for (int64_t r = 0; r < M; r++) bf16_pairs_of_row(x + r * K, K, pairs + r * (K / 2));
     int64_t tasks = 0;
     for (int64_t w = 0; w < count; w++) tasks += packed_tasks(N[w]);
     PackedWeights work = {pairs, M, K / 2, panels, N, bias, y};
@@ -109,9 +116,8 @@ int swarm_quant_matmul_bf16_native(void) {
 int swarm_quant_matmul_many_bf16(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *q,
                                  const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                                  int threads) {
-    uint32_t *pairs = malloc(sizeof(uint32_t) * (size_t)(M * K / 2 + 1));
+    uint32_t *pairs = rounded_rows(x, M, K);
     if (!pairs) return -1;
-    for (int64_t r = 0; r < M; r++) bf16_pairs_of_row(x + r * K, K, pairs + r * (K / 2));
     matmul_many(column_range_bf16, pairs, K / 2, M, K, count, q, formats, N, bias, y, threads);
     free(pairs);
     return 0;
