@@ -57,8 +57,10 @@ def faster_from_panels(probe: MachineProbe) -> bool:
     return all(probe.panels_speedup.get(str(rows), 0.0) > 1.0 for rows in DECODE_ROWS)
 
 
-def choose_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module) -> bool:
-    """option: True or False as asked; None: auto (the module's top)."""
+def choose_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module,
+                  nibbles: bool = False) -> bool:
+    """option: True or False as asked; None: auto (the module's top), never beside nibble panels (`nibbles`:
+    engine.nibble_panels serves the decode rows, which the probe timed panels for)."""
     layers = quantized_layers(net)
     if not layers:
         return False
@@ -69,7 +71,7 @@ def choose_panels(option: bool | None, device: torch.device, precisions: Precisi
         return False
     if option is not None:
         return option
-    if panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
+    if nibbles or panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
         return False
     return faster_from_panels(cached_probe())
 

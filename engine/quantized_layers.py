@@ -45,10 +45,11 @@ class QuantizedLinear(nn.Module):
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
         self.decode_products = "float32"   # of the rows the C kernel takes (engine.prompt_matmul.choose_decode)
         self.panels: torch.Tensor | None = None   # the weight packed once in bfloat16 (engine.packed_weights)
+        self.nibbles: torch.Tensor | None = None  # its codes packed once for decode rows (engine.nibble_panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return self.weight_set_with(())(x)[0]   # with panels, packed_linear's bits below
+            return self.weight_set_with(())(x)[0]   # with panels (no nibbles), packed_linear's bits below
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
         if self.panels is not None:
@@ -63,6 +64,11 @@ class QuantizedLinear(nn.Module):
         self.panels = panels
         self._weight_sets.clear()
 
+    def use_nibbles(self, nibbles: torch.Tensor) -> None:
+        """Decode rows in bfloat16 products multiply these nibble panels from now on (engine.nibble_panels)."""
+        self.nibbles = nibbles
+        self._weight_sets.clear()
+
     @property
     def on_cpu_kernel(self) -> bool:
         """Whether a few float32 CPU rows go to the C kernel (kernels.cpu.quant_matmul)."""
@@ -72,13 +78,15 @@ class QuantizedLinear(nn.Module):
         """The CPU kernel's WeightSet of this layer's weight and then the others', in this layer's decode_products,
         made on first use."""
         bf16 = self.decode_products == "bfloat16"
-        packed = bf16 and self.panels is not None and all(layer.panels is not None for layer in others)
-        key = (bf16, packed, *(id(layer) for layer in others))
+        layers = (self, *others)
+        packed = bf16 and all(layer.panels is not None for layer in layers)
+        nibbles = bf16 and all(layer.nibbles is not None for layer in layers)
+        key = (bf16, packed, nibbles, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
-            layers = (self, *others)
-            self._weight_sets[key] = layers, WeightSet([layer.quantized for layer in layers],
-                                                       [layer.bias for layer in layers], bf16=bf16,
-                                                       panels=[layer.panels for layer in layers] if packed else None)
+            self._weight_sets[key] = layers, WeightSet(
+                [layer.quantized for layer in layers], [layer.bias for layer in layers], bf16=bf16,
+                panels=[layer.panels for layer in layers] if packed else None,
+                nibbles=[layer.nibbles for layer in layers] if nibbles else None)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:

@@ -23,9 +23,11 @@ class WeightMemory:
 
 
 PANELS_FORMAT = "BF16 panels"
+NIBBLES_FORMAT = "nibble panels"
 
 
-def with_panels(weights: WeightMemory, panels_bytes: int) -> WeightMemory:
-    """The weights with their bfloat16 panels (engine.packed_weights) counted beside the blocks."""
-    return WeightMemory(weights.total_bytes + panels_bytes, {**weights.by_format, PANELS_FORMAT: panels_bytes},
+def with_panels(weights: WeightMemory, panels_bytes: int, format: str = PANELS_FORMAT) -> WeightMemory:
+    """The weights with a copy laid out for the kernels, counted beside the blocks: bfloat16 panels
+    (engine.packed_weights) or nibble panels (engine.nibble_panels, format NIBBLES_FORMAT)."""
+    return WeightMemory(weights.total_bytes + panels_bytes, {**weights.by_format, format: panels_bytes},
                         weights.label)

@@ -96,7 +96,7 @@ def kernels_from_the_shared_cache():
     built in a test's folder would stay mapped in the worker beside the shared cache's (its own task pool)."""
     from kernels.cpu import native
     for name in ("quant_matmul", "quant_matmul_bf16", "rows_attention", "bf16_matmul", "paged_decode",
-                 "prefix_attention"):
+                 "prefix_attention", "nibble_matmul"):
         native.load(name)
 
 
@@ -110,7 +110,7 @@ def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kern
                           KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
                          attention or {"float32": 1e11, "bfloat16": 1e11},
                          decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")},
-                         {"1": 1.0, "8": 1.0})
+                         {"1": 1.0, "8": 1.0}, {"1": 1.0, "8": 1.0})
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))

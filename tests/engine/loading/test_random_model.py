@@ -42,7 +42,8 @@ def test_random_blocks_are_weights_centred_on_zero_of_about_the_inverse_square_r
 @pytest.mark.skipif(not quant_matmul.available(), reason="needs the quantized decode kernel (a C compiler)")
 def test_the_engine_holds_every_matrix_in_blocks_and_counts_their_bytes():
     config = random_source(SHAPE).config
-    llm = LLM(random_source(SHAPE, "Q4_K"), kv_budget_tokens=256, packed_weights=False)   # blocks alone
+    llm = LLM(random_source(SHAPE, "Q4_K"), kv_budget_tokens=256, packed_weights=False,
+              nibble_panels=False)   # blocks alone
     hidden, inner = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     layer_values = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner
