@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import decode_graphs, nibble_panels, prompt_matmul
+from engine import decode_graphs, prompt_matmul
 from engine.attention.select import pool_dtype
+from engine.code_panels import choose_code_panels
+from engine.code_panels import pack as pack_code_panels
 from engine.errors import OptionError, SwarmError
 from engine.host_memory import keep_freed_memory
 from engine.kv.block_manager import BlockManager
@@ -23,7 +25,6 @@ from engine.loading.context_length import with_context_length
 from engine.loading.loader import load_model_config, load_tokenizer, resolve_model
 from engine.machine_probe import cpu_has_native
 from engine.model_runner import ModelRunner
-from engine.nibble_panels import choose_nibbles
 from engine.options import EngineOptions
 from engine.packed_weights import choose_panels, pack
 from engine.quantized_layers import use_decode_products
@@ -31,7 +32,7 @@ from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
-from engine.weight_memory import NIBBLES_FORMAT, WeightMemory, with_panels
+from engine.weight_memory import CODES_FORMAT, WeightMemory, with_panels
 
 
 @dataclass(slots=True)
@@ -61,9 +62,9 @@ class LLMEngine:
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
         use_decode_products(loaded.net, self.decode_precision)
-        self.nibble_panels = choose_nibbles(options.nibble_panels, self.device, precisions, loaded.net)
+        self.code_panels = choose_code_panels(options.code_panels, self.device, precisions, loaded.net)
         self.packed_weights = choose_panels(options.packed_weights, self.device, precisions, loaded.net,
-                                            self.nibble_panels)
+                                            self.code_panels)
         self.weights = self._laid_out(loaded)
         self.onednn_weights = loaded.packed
         self.kv_dtype = pool_dtype(self.device, self.dtype, precisions.prompt_attention, precisions.decode_attention)
@@ -205,8 +206,8 @@ class LLMEngine:
         weights = loaded.weights
         if self.packed_weights:
             weights = with_panels(weights, pack(loaded.net))
-        if self.nibble_panels:
-            weights = with_panels(weights, nibble_panels.pack(loaded.net), NIBBLES_FORMAT)
+        if self.code_panels:
+            weights = with_panels(weights, pack_code_panels(loaded.net), CODES_FORMAT)
         return weights
 
     def use_mixed_step_tokens(self, tokens: int) -> None:
@@ -216,13 +217,13 @@ class LLMEngine:
     def kernels(self) -> dict[str, object]:
         """Which kernels run: the attention set, the weights' bytes by format, the float matmuls' library, the
         precision of prompts' products and of their attention's, whether the quantized weights are also kept as
-        bfloat16 panels (engine.packed_weights) and as nibble panels (engine.nibble_panels), of decode rows'
+        bfloat16 panels (engine.packed_weights) and as code panels (engine.code_panels), of decode rows'
         products on the quantized layers and of their attention's, the KV pool's dtype, whether decode steps
         replay as graphs, and on a hybrid the gated delta rule's kernels (torch or fla)."""
         attention = self.runner.attention
         chosen = {"attention": attention.name, "weights": self.weights.to_json(),
                   "matmuls": "onednn" if self.onednn_weights else "torch", "packed_weights": self.packed_weights,
-                  "nibble_panels": self.nibble_panels,
+                  "code_panels": self.code_panels,
                   "prompt_products": self.prompt_precision,
                   "prompt_attention": attention.prompt_attention(), "decode_products": self.decode_precision,
                   "decode_attention": attention.decode_attention(),

@@ -26,8 +26,8 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       bfloat16 products from a PANELS_SHAPE Q4_1 weight's blocks over its time from the same
                       weight's bfloat16 panels (engine/packed_weights.py), both from memory, timed side by side:
                       above 1, panels are faster here.
-    nibbles_speedup   the same, the decode matmul's time from the weight's blocks over its time from its nibble
-                      panels (engine/nibble_panels.py), timed side by side with the other two.
+    codes_speedup     the same, the decode matmul's time from the weight's blocks over its time from its code
+                      panels (engine/code_panels.py), timed side by side with the other two.
 
 Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent;
 the attention's and the decode matmul's precisions, which `dtype: auto` compares with each other, are timed side by
@@ -95,7 +95,7 @@ class MachineProbe:
     attention_flop_s: dict[str, float] = field(default_factory=dict)   # per precision of its products
     decode_flop_s: dict[str, dict[str, float]] = field(default_factory=dict)   # per precision, per rows ("1", "8")
     panels_speedup: dict[str, float] = field(default_factory=dict)             # per rows: blocks' time / panels'
-    nibbles_speedup: dict[str, float] = field(default_factory=dict)            # per rows: blocks' / nibbles'
+    codes_speedup: dict[str, float] = field(default_factory=dict)              # per rows: blocks' / code panels'
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -118,7 +118,7 @@ class MachineProbe:
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
                    rates, data["read_bytes_per_s"], data["probe_s"], dict(data.get("attention_flop_s", {})),
                    {precision: dict(rows) for precision, rows in data.get("decode_flop_s", {}).items()},
-                   dict(data.get("panels_speedup", {})), dict(data.get("nibbles_speedup", {})), from_cache=True)
+                   dict(data.get("panels_speedup", {})), dict(data.get("codes_speedup", {})), from_cache=True)
 
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
@@ -151,7 +151,7 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
         if (cached is not None and set(cached.matmul_flop_s) >= set(probed_paths())
                 and set(cached.attention_flop_s) >= set(attention_precisions())
                 and set(cached.decode_flop_s) >= set(decode_precisions())
-                and ((cached.panels_speedup and cached.nibbles_speedup) or not panels_probed())):
+                and ((cached.panels_speedup and cached.codes_speedup) or not panels_probed())):
             return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
@@ -177,7 +177,7 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     layouts = layout_speedups(budget_s.get("panels", BUDGET_S["panels"])) if panels_probed() else {}
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
                         torch.__version__, rates, read, time.perf_counter() - began, attention, decode,
-                        layouts.get("panels", {}), layouts.get("nibbles", {}))
+                        layouts.get("panels", {}), layouts.get("codes", {}))
 
 
 def attention_precisions() -> list[str]:
@@ -242,23 +242,23 @@ def decode_rates(precisions: list[str], budget_s: float) -> dict[str, dict[str, 
 
 
 def panels_probed() -> bool:
-    """Whether a probe times panels and nibble panels against blocks: the bfloat16 kernels multiply natively."""
-    from kernels.cpu import bf16_matmul, nibble_matmul, quant_matmul  # builds the kernels, once per machine
+    """Whether a probe times panels and code panels against blocks: the bfloat16 kernels multiply natively."""
+    from kernels.cpu import bf16_matmul, code_matmul, quant_matmul  # builds the kernels, once per machine
     return (quant_matmul.available() and quant_matmul.bf16_native() and bf16_matmul.available()
-            and bf16_matmul.native() and nibble_matmul.available() and nibble_matmul.native())
+            and bf16_matmul.native() and code_matmul.available() and code_matmul.native())
 
 
 def layout_speedups(budget_s: float) -> dict[str, dict[str, float]]:
-    """{"panels" and "nibbles": {rows: the decode matmul's time from a PANELS_SHAPE Q4_1 weight's blocks over its
+    """{"panels" and "codes": {rows: the decode matmul's time from a PANELS_SHAPE Q4_1 weight's blocks over its
     time from that layout}}, bfloat16 products, DECODE_ROWS rows, the three timed side by side (budget_s: per
     (layout, rows))."""
-    from kernels.cpu import bf16_matmul, nibble_matmul
+    from kernels.cpu import bf16_matmul, code_matmul
     from kernels.cpu.weight_set import WeightSet
     weight = _random_q4_1(*PANELS_SHAPE)
     sets = {"blocks": WeightSet([weight], [None], bf16=True),
             "panels": WeightSet([weight], [None], bf16=True, panels=[bf16_matmul.pack_quantized(weight)]),
-            "nibbles": WeightSet([weight], [None], bf16=True, nibbles=[nibble_matmul.pack(weight)])}
-    speedups: dict[str, dict[str, float]] = {"panels": {}, "nibbles": {}}
+            "codes": WeightSet([weight], [None], bf16=True, code_panels=[code_matmul.pack(weight)])}
+    speedups: dict[str, dict[str, float]] = {"panels": {}, "codes": {}}
     for rows in DECODE_ROWS:
         x = torch.randn(rows, PANELS_SHAPE[1], generator=torch.Generator().manual_seed(0))
         seconds = fastest_each({name: (lambda s=s: s(x)) for name, s in sets.items()}, 3 * budget_s)

@@ -37,6 +37,6 @@ class EngineOptions:
     onednn_weights: bool = True     # CPU float32: weights in oneDNN's layout, multiplied by oneDNN
     packed_weights: bool | None = None   # CPU bfloat16 products: quantized weights also kept as bfloat16 panels
                                          # (engine.packed_weights); None: where the machine reads them faster
-    nibble_panels: bool | None = None    # CPU bfloat16 decode products: 4-bit weights also kept as nibble panels
-                                         # (engine.nibble_panels); None: where the machine multiplies them faster
+    code_panels: bool | None = None      # CPU bfloat16 decode products: Q4 and Q8_0 weights also kept as code
+                                         # panels (engine.code_panels); None: where the machine multiplies them faster
     cuda_graphs: bool = True        # a GPU's decode steps replayed as CUDA/HIP graphs (engine.decode_graphs)

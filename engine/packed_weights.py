@@ -58,9 +58,9 @@ def faster_from_panels(probe: MachineProbe) -> bool:
 
 
 def choose_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module,
-                  nibbles: bool = False) -> bool:
-    """option: True or False as asked; None: auto (the module's top), never beside nibble panels (`nibbles`:
-    engine.nibble_panels serves the decode rows, which the probe timed panels for)."""
+                  code_panels: bool = False) -> bool:
+    """option: True or False as asked; None: auto (the module's top), never beside code panels (`code_panels`:
+    engine.code_panels serves the decode rows, which the probe timed panels for)."""
     layers = quantized_layers(net)
     if not layers:
         return False
@@ -71,7 +71,7 @@ def choose_panels(option: bool | None, device: torch.device, precisions: Precisi
         return False
     if option is not None:
         return option
-    if nibbles or panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
+    if code_panels or panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
         return False
     return faster_from_panels(cached_probe())
 

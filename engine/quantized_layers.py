@@ -45,11 +45,11 @@ class QuantizedLinear(nn.Module):
         self._weight_sets: dict[tuple[int, ...], tuple[tuple[nn.Module, ...], WeightSet]] = {}
         self.decode_products = "float32"   # of the rows the C kernel takes (engine.prompt_matmul.choose_decode)
         self.panels: torch.Tensor | None = None   # the weight packed once in bfloat16 (engine.packed_weights)
-        self.nibbles: torch.Tensor | None = None  # its codes packed once for decode rows (engine.nibble_panels)
+        self.code_panels: torch.Tensor | None = None   # its codes laid out for decode rows (engine.code_panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return self.weight_set_with(())(x)[0]   # with panels (no nibbles), packed_linear's bits below
+            return self.weight_set_with(())(x)[0]   # with panels (no code panels), packed_linear's bits
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
         if self.panels is not None:
@@ -64,9 +64,9 @@ class QuantizedLinear(nn.Module):
         self.panels = panels
         self._weight_sets.clear()
 
-    def use_nibbles(self, nibbles: torch.Tensor) -> None:
-        """Decode rows in bfloat16 products multiply these nibble panels from now on (engine.nibble_panels)."""
-        self.nibbles = nibbles
+    def use_code_panels(self, panels: torch.Tensor) -> None:
+        """Decode rows in bfloat16 products multiply these code panels from now on (engine.code_panels)."""
+        self.code_panels = panels
         self._weight_sets.clear()
 
     @property
@@ -80,13 +80,13 @@ class QuantizedLinear(nn.Module):
         bf16 = self.decode_products == "bfloat16"
         layers = (self, *others)
         packed = bf16 and all(layer.panels is not None for layer in layers)
-        nibbles = bf16 and all(layer.nibbles is not None for layer in layers)
-        key = (bf16, packed, nibbles, *(id(layer) for layer in others))
+        codes = bf16 and all(layer.code_panels is not None for layer in layers)
+        key = (bf16, packed, codes, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
             self._weight_sets[key] = layers, WeightSet(
                 [layer.quantized for layer in layers], [layer.bias for layer in layers], bf16=bf16,
                 panels=[layer.panels for layer in layers] if packed else None,
-                nibbles=[layer.nibbles for layer in layers] if nibbles else None)
+                code_panels=[layer.code_panels for layer in layers] if codes else None)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:

@@ -23,11 +23,11 @@ class WeightMemory:
 
 
 PANELS_FORMAT = "BF16 panels"
-NIBBLES_FORMAT = "nibble panels"
+CODES_FORMAT = "code panels"
 
 
 def with_panels(weights: WeightMemory, panels_bytes: int, format: str = PANELS_FORMAT) -> WeightMemory:
     """The weights with a copy laid out for the kernels, counted beside the blocks: bfloat16 panels
-    (engine.packed_weights) or nibble panels (engine.nibble_panels, format NIBBLES_FORMAT)."""
+    (engine.packed_weights) or code panels (engine.code_panels, format CODES_FORMAT)."""
     return WeightMemory(weights.total_bytes + panels_bytes, {**weights.by_format, format: panels_bytes},
                         weights.label)

@@ -18,11 +18,11 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
     "quant_matmul_bf16": {
         "swarm_quant_matmul_many_bf16": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
         "swarm_quant_matmul_bf16_native": ([], _int)},
-    "nibble_matmul": {
-        "swarm_nibble_native": ([], _int),
-        "swarm_nibble_cell_bytes": ([], _i64),
-        "swarm_nibble_pack": ([_ptr, _int, _i64, _i64, _ptr, _int], None),
-        "swarm_nibble_matmul": ([_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int], _int)},
+    "code_matmul": {
+        "swarm_code_native": ([], _int),
+        "swarm_code_cell_bytes": ([_int], _i64),
+        "swarm_code_pack": ([_ptr, _int, _i64, _i64, _ptr, _int], None),
+        "swarm_code_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], _int)},
     "decode_layer": {
         "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
         "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], _int),

@@ -14,7 +14,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu import bf16_matmul, entry_points, nibble_matmul, ops
+from kernels.cpu import bf16_matmul, code_matmul, entry_points, ops
 from kernels.cpu.checks import expect_rank, refusal
 from kernels.reference.quant_blocks import QuantizedTensor
 
@@ -25,7 +25,7 @@ OP = "quant_matmul_many"
 class Description(ctypes.Structure):
     _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
                 ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr)), ("bf16", _i64),
-                ("panels", ctypes.POINTER(_ptr)), ("nibbles", ctypes.POINTER(_ptr))]
+                ("panels", ctypes.POINTER(_ptr)), ("code_panels", ctypes.POINTER(_ptr))]
 
 
 class WeightSet:
@@ -34,7 +34,7 @@ class WeightSet:
 
     def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
                  library: ctypes.CDLL | None = None, bf16: bool = False,
-                 panels: list[torch.Tensor] | None = None, nibbles: list[torch.Tensor] | None = None):
+                 panels: list[torch.Tensor] | None = None, code_panels: list[torch.Tensor] | None = None):
         self.blocks = [weight.blocks for weight in weights]
         self.codes = [entry_points.QUANT_FORMATS[weight.format][0] for weight in weights]
         self.biases = list(biases)
@@ -56,24 +56,24 @@ class WeightSet:
                 raise refusal(OP, "panels", f"must be each weight's bfloat16 panels {expected} (int32), "
                                             "for bfloat16 products")
         packed = None if panels is None else (_ptr * count)(*(p.data_ptr() for p in panels))
-        self.nibbles = nibbles
-        if nibbles is not None:
+        self.code_panels = code_panels
+        if code_panels is not None:
             if not bf16:
-                raise refusal(OP, "nibbles", "need bfloat16 products")
-            for panels_of, rows in zip(nibbles, self.rows):
-                nibble_matmul.expect_panels(panels_of, rows, self.cols)
-        nibble_array = None if nibbles is None else (_ptr * count)(*(p.data_ptr() for p in nibbles))
-        self._packed = packed, nibble_array
+                raise refusal(OP, "code_panels", "need bfloat16 products")
+            for panels_of, weight in zip(code_panels, weights):
+                code_matmul.expect_panels(panels_of, weight.format, *weight.shape)
+        code_array = None if code_panels is None else (_ptr * count)(*(p.data_ptr() for p in code_panels))
+        self._packed = packed, code_array
         self.description = Description(count, self.cols, *self._arrays, int(bf16), packed,
-                                       nibble_array)   # swarm_weight_set
+                                       code_array)   # swarm_weight_set
         self._by_reference = ctypes.byref(self.description)
         self._outputs = _ptr * count
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self._library is None and ops.torch_is_watching():
-            if self.nibbles is not None:
-                return [nibble_matmul.matmul(x, nibbles, rows, bias)
-                        for nibbles, rows, bias in zip(self.nibbles, self.rows, self.biases)]
+            if self.code_panels is not None:
+                return [code_matmul.matmul(x, panels, entry_points.FORMAT_OF_CODE[code], rows, bias)
+                        for panels, code, rows, bias in zip(self.code_panels, self.codes, self.rows, self.biases)]
             if self.panels is not None:
                 return [bf16_matmul.packed_linear(x, panels, rows, bias)
                         for panels, rows, bias in zip(self.panels, self.rows, self.biases)]

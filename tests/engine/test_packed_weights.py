@@ -41,7 +41,7 @@ def bfloat16_products(monkeypatch):
 def engine(folder: str, **options):
     from engine.llm_engine import EngineOptions, LLMEngine
 
-    options = {"nibble_panels": False, **options}   # auto panels stay off beside nibble panels
+    options = {"code_panels": False, **options}   # auto panels stay off beside code panels
     return LLMEngine(folder, EngineOptions(kv_budget_tokens=4096, weights="q4_1", mixed_step_tokens=16, **options))
 
 

@@ -96,7 +96,7 @@ def kernels_from_the_shared_cache():
     built in a test's folder would stay mapped in the worker beside the shared cache's (its own task pool)."""
     from kernels.cpu import native
     for name in ("quant_matmul", "quant_matmul_bf16", "rows_attention", "bf16_matmul", "paged_decode",
-                 "prefix_attention", "nibble_matmul"):
+                 "prefix_attention", "code_matmul"):
         native.load(name)
 
 

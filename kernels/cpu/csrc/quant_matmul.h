@@ -14,8 +14,8 @@ typedef struct {
     int64_t bf16;   /* 1: bfloat16 products summed in float32 (quant_matmul.c's top); 0: float32 */
     const uint32_t *const *panels;   /* bf16 only, or NULL: each weight packed once as bf16_matmul.c's panels
                                         (engine/packed_weights.py), multiplied as a prompt's rows are */
-    const uint8_t *const *nibbles;   /* bf16 only, or NULL: each weight's nibble panels (nibble_matmul.c,
-                                        engine/nibble_panels.py), ahead of panels */
+    const uint8_t *const *code_panels;   /* bf16 only, or NULL: each weight's code panels (code_matmul.c,
+                                            engine/code_panels.py), ahead of panels */
 } swarm_weight_set;
 
 /* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]]. Returns -1 (y

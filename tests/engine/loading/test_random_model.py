@@ -43,7 +43,7 @@ def test_random_blocks_are_weights_centred_on_zero_of_about_the_inverse_square_r
 def test_the_engine_holds_every_matrix_in_blocks_and_counts_their_bytes():
     config = random_source(SHAPE).config
     llm = LLM(random_source(SHAPE, "Q4_K"), kv_budget_tokens=256, packed_weights=False,
-              nibble_panels=False)   # blocks alone
+              code_panels=False)   # blocks alone
     hidden, inner = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     layer_values = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner

@@ -1,47 +1,54 @@
-/* Decode matmuls from 4-bit weights (Q4_0, Q4_1, Q4_K) repacked once as nibble panels, multiplied in bfloat16
- * products without expanding a value: a weight's value is a * code + c for a 4-bit code and a sub-block's (a, c),
- * so over a sub-block b of 32 values
- *     sum_k W[n, k] x[k] = a_b * sum_k (128 + code_k) x[k] + (c_b - 128 a_b) * sum_k x[k]
- * and 128 + code is a bfloat16 whose bits are 0x4300 | code: two vector ops turn 64 codes into the products'
- * operands, where expanding blocks to bfloat16 values (quant_columns.h) took about six for 32. On a Zen 4 core
- * pair, SmolLM2's gate_proj took 1.7x less time for 8 rows and 3.4x less for one.
+/* Decode matmuls from quantized weights repacked once as code panels, multiplied in bfloat16 products without
+ * expanding a value to bfloat16. A value of a sub-block b of 32 is a * code + c, with an integer code and the
+ * sub-block's (a, c), so
+ *     sum_k W[n, k] x[k] = a * sum_k (B + code_k) x[k] + (c - B a) * sum_k x[k]
+ * and B + code is a bfloat16 the vector units make from the code directly:
+ *     4-bit codes (Q4_0, Q4_1, Q4_K), B = 128: 0x4300 | code, two ops for 64 codes
+ *     8-bit codes (Q8_0: c = 0), B = 0: the signed byte widened and converted, five ops for 32
+ * where expanding blocks to bfloat16 values (quant_columns.h) took about six for 32 and rounded every value. On
+ * two Zen 4 cores, 8 rows against a 4,096 x 4,096 Q4_1 weight took 1.45x less time, one row 3.2x less.
  *
  * Each output element, x's rows rounded to bfloat16 (bf16_tiles.h), for the sub-blocks b in turn, from acc = 0:
  *     S = vdpbf16ps's sum of the pairs (k, k + 1) of the sub-block in order, from 0 (bf16_tiles.h's top), of
- *         x[k] and 128 + code_k
- *     X = x[k] summed in float32 over the sub-block's 32 values in order, from 0
- *     acc = acc + S * a;  acc = acc + (c - 128 * a) * X          (each product and sum rounded to float32)
+ *         x[k] and B + code_k
+ *     acc = acc + S * a
+ *     4-bit codes only: X = x[k] summed in float32 over the sub-block's 32 values in order, from 0, and
+ *                       acc = acc + (c - 128 a) * X              (each product and sum rounded to float32)
  * then y = acc + bias. A row's bits depend on its own values only, never on the rows beside it; the plain-C code
- * for CPUs without AVX512-BF16 takes the same steps. Oracle: kernels/reference/nibble_matmul.py.
+ * for CPUs without AVX512-BF16 takes the same steps. Oracle: kernels/reference/code_matmul.py.
  *
- * Layout, a cell for each panel p of 16 weight rows and sub-block b, [ceil(N / 16)][K / 32][CELL_BYTES]:
- *     codes [8][32 bytes]   group g: byte 2 j + e holds row j's code of value 4 g + e in its low nibble and of
- *                           value 4 g + 2 + e in its high one (widened to 16-bit words, the low nibbles are the
- *                           pairs (4 g, 4 g + 1) of the 16 rows, the high ones the pairs (4 g + 2, 4 g + 3))
- *     a [16], c [16]        float32, row j's
- * 1.2x the bytes of Q4_1's blocks. Built by kernels/cpu/native.py; called from kernels/cpu/nibble_matmul.py and
- * through quant_matmul.c's weight sets.
+ * Layout, a cell for each panel p of 16 weight rows and sub-block b, [ceil(N / 16)][K / 32][cell_bytes]:
+ *     4-bit codes [8][32 bytes]  group g: byte 2 j + e holds row j's code of value 4 g + e in its low nibble and
+ *                                of value 4 g + 2 + e in its high one (widened to 16-bit words, the low nibbles
+ *                                are the pairs (4 g, 4 g + 1) of the 16 rows, the high ones (4 g + 2, 4 g + 3))
+ *     8-bit codes [16][32 bytes] pair i: byte 2 j + e holds row j's code of value 2 i + e
+ *     a [16], c [16]             float32, row j's
+ * 1.2x the bytes of Q4_1's blocks, 1.1x Q8_0's. Built by kernels/cpu/native.py; called from
+ * kernels/cpu/code_matmul.py and through quant_matmul.c's weight sets.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16_tiles.h"
-#include "nibble_matmul.h"
+#include "code_matmul.h"
 #include "quant_blocks.h"
 #include "task_pool.h"
 
 #define LANES 16
-#define CODE_BYTES 256
-#define CELL_BYTES (CODE_BYTES + 2 * LANES * 4)
+#define SCALE_BYTES (2 * LANES * 4)
 #define MAX_ROWS 8           /* rows a step */
 #define PANELS_A_TASK 4
-#define CODE_BIAS 128.0f     /* 0x4300 as bfloat16 */
+#define NIBBLE_BIAS 128.0f   /* 0x4300 as bfloat16 */
 
-int64_t swarm_nibble_cell_bytes(void) { return CELL_BYTES; }
+static inline int code_bits(int format) { return format == Q8_0 ? 8 : 4; }
 
-/* the codes and (a, c) of sub-block s of a block: value l = a * codes[l] + c, with gguf's bits */
-static void sub_block_codes(int format, const uint8_t *block, int s, uint8_t codes[32], float *a, float *c) {
+static inline int64_t code_bytes(int bits) { return LANES * 32 * bits / 8; }
+
+int64_t swarm_code_cell_bytes(int format) { return code_bytes(code_bits(format)) + SCALE_BYTES; }
+
+/* the codes and (a, c) of sub-block s of a block: value l = a * codes[l] + c, gguf's value */
+static void sub_block_codes(int format, const uint8_t *block, int s, int codes[32], float *a, float *c) {
     const float d = half_to_float(block);
     if (format == Q4_K) {
         int sc, mn;
@@ -52,30 +59,36 @@ static void sub_block_codes(int format, const uint8_t *block, int s, uint8_t cod
         return;
     }
     *a = d;
-    *c = format == Q4_1 ? half_to_float(block + 2) : -8.0f * d;   /* Q4_0: d * q - 8 d = d * (q - 8), exactly */
-    for (int l = 0; l < 32; l++) codes[l] = (uint8_t)nibble(block + (format == Q4_1 ? 4 : 2), l);
+    *c = format == Q4_1 ? half_to_float(block + 2) : format == Q4_0 ? -8.0f * d : 0.0f;   /* Q4_0: d * (q - 8) */
+    for (int l = 0; l < 32; l++)
+        codes[l] = format == Q8_0 ? (int8_t)block[2 + l] : nibble(block + (format == Q4_1 ? 4 : 2), l);
 }
 
 /* weight row n's sub-blocks into lane n % 16 of its panel's cells */
 static void pack_row(const uint8_t *row, int format, int64_t K, int64_t n, uint8_t *panels) {
-    const int64_t subs = K / 32, j = n % LANES, bytes = block_bytes(format);
+    const int64_t subs = K / 32, j = n % LANES, bytes = block_bytes(format), cell_bytes = swarm_code_cell_bytes(format);
+    const int per_block = block_values(format) / 32, eight = code_bits(format) == 8;
     for (int64_t b = 0; b < subs; b++) {
-        uint8_t codes[32], *cell = panels + ((n / LANES) * subs + b) * CELL_BYTES;
+        uint8_t *cell = panels + ((n / LANES) * subs + b) * cell_bytes, *scales = cell + code_bytes(eight ? 8 : 4);
+        int codes[32];
         float a, c;
-        const int per_block = block_values(format) / 32;
         sub_block_codes(format, row + (b / per_block) * bytes, (int)(b % per_block), codes, &a, &c);
-        for (int g = 0; g < 8; g++)
-            for (int e = 0; e < 2; e++)
-                cell[32 * g + 2 * j + e] = (uint8_t)(codes[4 * g + e] | codes[4 * g + 2 + e] << 4);
-        memcpy(cell + CODE_BYTES + 4 * j, &a, 4);
-        memcpy(cell + CODE_BYTES + 4 * (LANES + j), &c, 4);
+        for (int g = 0; g < 16; g++)
+            for (int e = 0; e < 2; e++) {
+                if (eight)
+                    cell[32 * g + 2 * j + e] = (uint8_t)(int8_t)codes[2 * g + e];
+                else if (g < 8)
+                    cell[32 * g + 2 * j + e] = (uint8_t)(codes[4 * g + e] | codes[4 * g + 2 + e] << 4);
+            }
+        memcpy(scales + 4 * j, &a, 4);
+        memcpy(scales + 4 * (LANES + j), &c, 4);
     }
 }
 
-/* q: N rows of format's blocks (K values a row) -> panels [ceil(N / 16)][K / 32][CELL_BYTES], lanes past N zero */
-void swarm_nibble_pack(const uint8_t *q, int format, int64_t N, int64_t K, uint8_t *panels, int threads) {
+/* q: N rows of format's blocks (K values a row) -> panels [ceil(N / 16)][K / 32][cell bytes], lanes past N 0 */
+void swarm_code_pack(const uint8_t *q, int format, int64_t N, int64_t K, uint8_t *panels, int threads) {
     const int64_t count = (N + LANES - 1) / LANES, row_bytes = K / block_values(format) * block_bytes(format);
-    memset(panels, 0, (size_t)(count * (K / 32) * CELL_BYTES));
+    memset(panels, 0, (size_t)(count * (K / 32) * swarm_code_cell_bytes(format)));
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) pack_row(q + n * row_bytes, format, K, n, panels);
 }
@@ -85,6 +98,7 @@ typedef struct {
     const float *sums;       /* [M][K / 32]: X of each row's sub-blocks */
     int64_t M, K;
     const uint8_t *const *panels;
+    const int *formats;
     const int64_t *N;
     const float *const *bias;
     float *const *y;
@@ -92,20 +106,28 @@ typedef struct {
 
 typedef struct {   /* one weight's */
     const uint8_t *panels;
-    int64_t N;
+    int bits;
+    int64_t cell_bytes, N;
     const float *bias;   /* or NULL */
     float *y;            /* [M][N] */
 } Out;
 
-static inline const uint8_t *cell_of(const Work *w, const uint8_t *panels, int64_t p, int64_t b) {
-    return panels + (p * (w->K / 32) + b) * CELL_BYTES;
+static inline const uint8_t *cell_of(const Work *w, const Out *o, int64_t p, int64_t b) {
+    return o->panels + (p * (w->K / 32) + b) * o->cell_bytes;
 }
 
 #if defined(__AVX512BF16__)
-/* rows [m0, m0 + R) x panels [p0, p0 + P) of one weight */
-static inline __attribute__((always_inline)) void step(int R, int P, const Work *w, const Out *o, int64_t m0,
-                                                       int64_t p0) {
-    const uint8_t *panels = o->panels;
+/* pair i's operands (B + code) of 16 weight rows from a cell's codes */
+static inline __attribute__((always_inline)) __m512bh byte_pair(const uint8_t *codes, int i) {
+    const __m128i low = _mm_loadu_si128((const __m128i *)(codes + 32 * i));
+    const __m128i high = _mm_loadu_si128((const __m128i *)(codes + 32 * i + 16));
+    return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(high)),
+                               _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(low)));
+}
+
+/* rows [m0, m0 + R) x panels [p0, p0 + P) of one weight of `bits`-bit codes */
+static inline __attribute__((always_inline)) void step(int bits, int R, int P, const Work *w, const Out *o,
+                                                       int64_t m0, int64_t p0) {
     const int64_t subs = w->K / 32, half = w->K / 2;
     const __m512i low = _mm512_set1_epi16(0x0F), bias = _mm512_set1_epi16(0x4300);
     __m512 acc[MAX_ROWS][4];
@@ -116,10 +138,15 @@ static inline __attribute__((always_inline)) void step(int R, int P, const Work 
         for (int r = 0; r < R; r++)
             for (int q = 0; q < P; q++) sum[r][q] = _mm512_setzero_ps();
         for (int g = 0; g < 8; g++) {
-            __m512bh even[4], odd[4];   /* the pairs (4 g, 4 g + 1) and (4 g + 2, 4 g + 3) */
+            __m512bh even[4], odd[4];   /* the pairs 2 g and 2 g + 1 of the sub-block */
             for (int q = 0; q < P; q++) {
-                const __m512i words = _mm512_cvtepu8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(cell_of(w, panels, p0 + q, b) + 32 * g)));
+                const uint8_t *codes = cell_of(w, o, p0 + q, b);
+                if (bits == 8) {
+                    even[q] = byte_pair(codes, 2 * g);
+                    odd[q] = byte_pair(codes, 2 * g + 1);
+                    continue;
+                }
+                const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + 32 * g)));
                 even[q] = (__m512bh)_mm512_ternarylogic_epi32(words, low, bias, 0xEA);   /* words & low | bias */
                 odd[q] = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(words, 4), bias);
             }
@@ -133,26 +160,28 @@ static inline __attribute__((always_inline)) void step(int R, int P, const Work 
             }
         }
         for (int q = 0; q < P; q++) {
-            const float *ac = (const float *)(cell_of(w, panels, p0 + q, b) + CODE_BYTES);
+            const float *ac = (const float *)(cell_of(w, o, p0 + q, b) + code_bytes(bits));
             const __m512 a = _mm512_loadu_ps(ac);
-            const __m512 offset = _mm512_sub_ps(_mm512_loadu_ps(ac + LANES), _mm512_mul_ps(a, _mm512_set1_ps(CODE_BIAS)));
+            const __m512 offset = _mm512_sub_ps(_mm512_loadu_ps(ac + LANES), _mm512_mul_ps(a, _mm512_set1_ps(NIBBLE_BIAS)));
             for (int r = 0; r < R; r++) {
                 acc[r][q] = _mm512_add_ps(acc[r][q], _mm512_mul_ps(sum[r][q], a));
-                acc[r][q] = _mm512_add_ps(acc[r][q], _mm512_mul_ps(offset, _mm512_set1_ps(w->sums[(m0 + r) * subs + b])));
+                if (bits == 4)
+                    acc[r][q] = _mm512_add_ps(acc[r][q],
+                                              _mm512_mul_ps(offset, _mm512_set1_ps(w->sums[(m0 + r) * subs + b])));
             }
         }
     }
     for (int q = 0; q < P; q++) {
         const int64_t n0 = LANES * (p0 + q), left = o->N - n0;
         const __mmask16 lanes = left >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512 bias = o->bias ? _mm512_maskz_loadu_ps(lanes, o->bias + n0) : _mm512_setzero_ps();
+        const __m512 bias_n = o->bias ? _mm512_maskz_loadu_ps(lanes, o->bias + n0) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++)
             _mm512_mask_storeu_ps(o->y + (m0 + r) * o->N + n0, lanes,
-                                  o->bias ? _mm512_add_ps(acc[r][q], bias) : acc[r][q]);
+                                  o->bias ? _mm512_add_ps(acc[r][q], bias_n) : acc[r][q]);
     }
 }
 
-#define STEP(R, P) step(R, P, w, o, m0, p)
+#define STEP(R, P) (o->bits == 8 ? step(8, R, P, w, o, m0, p) : step(4, R, P, w, o, m0, p))
 
 /* rows [m0, m0 + R) against panels [p, p + P) (P: 4 for 1-2 rows, 2 for 3-4, else 1: chains enough to hide
    vdpbf16ps's latency, sums that fit the registers) into the outputs; returns P */
@@ -187,6 +216,12 @@ static float flushed(float value) {
     return value;
 }
 
+/* B + the code of row j's value 2 i + e in a cell */
+static float operand(const Out *o, const uint8_t *cell, int j, int i, int e) {
+    if (o->bits == 8) return (float)(int8_t)cell[32 * i + 2 * j + e];
+    return NIBBLE_BIAS + (float)(cell[32 * (i / 2) + 2 * j + e] >> 4 * (i % 2) & 0x0F);
+}
+
 /* the same arithmetic one lane at a time, for builds without AVX512-BF16 */
 static int64_t rows_step(int R, const Work *w, const Out *o, int64_t m0, int64_t p, int64_t stop) {
     (void)stop;
@@ -195,21 +230,17 @@ static int64_t rows_step(int R, const Work *w, const Out *o, int64_t m0, int64_t
         for (int j = 0; j < LANES && LANES * p + j < o->N; j++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < subs; b++) {
-                const uint8_t *cell = cell_of(w, o->panels, p, b);
+                const uint8_t *cell = cell_of(w, o, p, b);
                 const uint32_t *x = w->pairs + (m0 + r) * half + 16 * b;
                 float sum = 0.0f, a, c;
-                for (int g = 0; g < 8; g++)
-                    for (int e = 0; e < 2; e++) {   /* pair 2 g + e: values 4 g + 2 e, + 1 */
-                        const uint32_t pair = x[2 * g + e];
-                        const float w0 = CODE_BIAS + (float)(cell[32 * g + 2 * j] >> 4 * e & 0x0F);
-                        const float w1 = CODE_BIAS + (float)(cell[32 * g + 2 * j + 1] >> 4 * e & 0x0F);
-                        sum = flushed(sum + widened(pair >> 16) * w1);
-                        sum = flushed(sum + widened(pair & 0xffffu) * w0);
-                    }
-                memcpy(&a, cell + CODE_BYTES + 4 * j, 4);
-                memcpy(&c, cell + CODE_BYTES + 4 * (LANES + j), 4);
+                for (int i = 0; i < 16; i++) {
+                    sum = flushed(sum + widened(x[i] >> 16) * operand(o, cell, j, i, 1));
+                    sum = flushed(sum + widened(x[i] & 0xffffu) * operand(o, cell, j, i, 0));
+                }
+                memcpy(&a, cell + code_bytes(o->bits) + 4 * j, 4);
+                memcpy(&c, cell + code_bytes(o->bits) + 4 * (LANES + j), 4);
                 acc = acc + sum * a;
-                acc = acc + (c - a * CODE_BIAS) * w->sums[(m0 + r) * subs + b];
+                if (o->bits == 4) acc = acc + (c - a * NIBBLE_BIAS) * w->sums[(m0 + r) * subs + b];
             }
             const int64_t n = LANES * p + j;
             o->y[(m0 + r) * o->N + n] = o->bias ? acc + o->bias[n] : acc;
@@ -221,12 +252,13 @@ static int64_t rows_step(int R, const Work *w, const Out *o, int64_t m0, int64_t
 static int64_t weight_tasks(int64_t N) { return (N + PANELS_A_TASK * LANES - 1) / (PANELS_A_TASK * LANES); }
 
 /* one weight's PANELS_A_TASK panels for every row */
-static void nibble_task(void *context, int64_t task, int slot) {
+static void code_task(void *context, int64_t task, int slot) {
     (void)slot;
     const Work *w = context;
     int64_t k = 0;
     for (; task >= weight_tasks(w->N[k]); k++) task -= weight_tasks(w->N[k]);
-    const Out o = {w->panels[k], w->N[k], w->bias[k], w->y[k]};
+    const Out o = {w->panels[k], code_bits(w->formats[k]), swarm_code_cell_bytes(w->formats[k]), w->N[k],
+                   w->bias[k], w->y[k]};
     const int64_t p0 = task * PANELS_A_TASK, panels = (o.N + LANES - 1) / LANES;
     const int64_t stop = panels < p0 + PANELS_A_TASK ? panels : p0 + PANELS_A_TASK;
     for (int64_t m0 = 0; m0 < w->M; m0 += MAX_ROWS) {
@@ -263,28 +295,29 @@ static uint32_t *rows_and_sums(const float *x, int64_t M, int64_t K, float **sum
     return pairs;
 }
 
-int swarm_nibble_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *panels,
-                             const int64_t *N, const float *const *bias, float *const *y, int threads) {
+int swarm_code_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *panels,
+                           const int *formats, const int64_t *N, const float *const *bias, float *const *y,
+                           int threads) {
     float *sums;
     uint32_t *pairs = rows_and_sums(x, M, K, &sums);
     if (!pairs) return -1;
     int64_t tasks = 0;
     for (int64_t k = 0; k < count; k++) tasks += weight_tasks(N[k]);
-    Work work = {pairs, sums, M, K, panels, N, bias, y};
-    swarm_pool_run(nibble_task, &work, tasks, threads);
+    Work work = {pairs, sums, M, K, panels, formats, N, bias, y};
+    swarm_pool_run(code_task, &work, tasks, threads);
     free(pairs);
     free(sums);
     return 0;
 }
 
 /* one weight: y [M, N] = x @ W.T + bias (or none) */
-int swarm_nibble_matmul(const float *x, int64_t M, int64_t K, const uint8_t *panels, int64_t N, const float *bias,
-                        float *y, int threads) {
-    return swarm_nibble_matmul_many(x, M, K, 1, &panels, &N, &bias, &y, threads);
+int swarm_code_matmul(const float *x, int64_t M, int64_t K, const uint8_t *panels, int format, int64_t N,
+                      const float *bias, float *y, int threads) {
+    return swarm_code_matmul_many(x, M, K, 1, &panels, &format, &N, &bias, &y, threads);
 }
 
 /* 1 where this build multiplies on AVX512-BF16, 0 where it runs the plain C code (same bits, far slower) */
-int swarm_nibble_native(void) {
+int swarm_code_native(void) {
 #if defined(__AVX512BF16__)
     return 1;
 #else

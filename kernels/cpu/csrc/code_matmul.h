@@ -1,0 +1,9 @@
+/* What code_matmul.c exports to quant_matmul.c (a weight set kept as code panels calls it). */
+#pragma once
+#include <stdint.h>
+
+/* y[w] = x @ W[w].T + bias[w] for weights packed by swarm_code_pack (code_matmul.c's top), formats[w] their GGML
+   type codes. Returns -1 (y untouched) when memory runs out. */
+int swarm_code_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *panels,
+                           const int *formats, const int64_t *N, const float *const *bias, float *const *y,
+                           int threads);
