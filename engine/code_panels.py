@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from engine.errors import OptionError
-from engine.machine_probe import DECODE_ROWS, MachineProbe, cached_probe
+from engine.kernel_probes import DECODE_ROWS
+from engine.machine_probe import MachineProbe, cached_probe
 from engine.packed_weights import PANELS_SHARE, available_host_bytes, quantized_layers
 from engine.prompt_matmul import Precisions
 from engine.quantized_layers import QuantizedLinear

@@ -29,8 +29,9 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
     codes_speedup     the same, the decode matmul's time from the weight's blocks over its time from its code
                       panels (engine/code_panels.py), timed side by side with the other two.
 
-Every probe is the best of a few repeats after one untimed run, stopping early once its time budget is spent;
-the attention's and the decode matmul's precisions, which `dtype: auto` compares with each other, are timed side by
+The last four time swarm's kernels (engine/kernel_probes.py, which holds their shapes). Every probe is the best of
+a few repeats after one untimed run, stopping early once its time budget is spent (engine/probe_timing.py); the
+attention's and the decode matmul's precisions, which `dtype: auto` compares with each other, are timed side by
 side, a round of each in turn (fastest_each).
 Threads: torch's, as the engine set them (engine/cpu_threads.py: the usable cores unless OMP_NUM_THREADS says).
 
@@ -42,7 +43,6 @@ the engine and the bench read the same entry.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -52,13 +52,21 @@ from typing import Callable
 
 import torch
 
+from engine.kernel_probes import (
+    attention_precisions,
+    attention_rates,
+    decode_precisions,
+    decode_rates,
+    layout_speedups,
+    panels_probed,
+)
+from engine.probe_timing import fastest_s
+
 CALIBRATION_SHAPE = (128, 576, 1536)
 PREFILL_SHAPES = ((2048, 576, 1536), (2048, 2048, 2048))
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
 READ_BYTES = 256 << 20
-REPEATS = 3
-SIDE_BY_SIDE_ROUNDS = 8   # of runs compared with each other (fastest_each)
 BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2,   # per dtype, the read probe, per attention
             "panels": 0.2}                                                # precision, per decode (precision, rows),
                                                                           # per (blocks or panels, rows)
@@ -66,12 +74,6 @@ FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"
 CACHE_FILE = "machine-probe.json"
 SUMS_SHAPE = (64, 2048, 64)
 SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products stay far inside it, bfloat16 ones not
-ATTENTION_SHAPE = (1024, 9, 3, 64)   # tokens, heads, KV heads, head width: a SmolLM2 layer's causal prompt
-DECODE_SHAPE = (1536, 576)   # outputs, inputs: SmolLM2's gate projection
-DECODE_ROWS = (1, 8)         # a lone agent's step, and 8 agents'
-PANELS_SHAPE = (65536, 2048)  # outputs, inputs: 84 MB of Q4_1 blocks, past the L3 cache as a model's weights are
-                              # (at 21 MB the blocks stayed in this VM's 32 MB: a lone row 0.8x from panels, 1.04x
-                              # here), and 268 MB of panels
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,104 +182,6 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
                         layouts.get("panels", {}), layouts.get("codes", {}))
 
 
-def attention_precisions() -> list[str]:
-    """The precisions of the prompt attention's products a probe times: none without the C kernel."""
-    from kernels.cpu import native_attention  # builds the kernels, once per machine
-    if not native_attention.available():
-        return []
-    return ["float32"] + (["bfloat16"] if native_attention.rows_attention_bf16_native() else [])
-
-
-def attention_rates(precisions: list[str], budget_s: float) -> dict[str, float]:
-    """FLOP/s of the C prompt attention on a causal ATTENTION_SHAPE prompt, its products in each precision, timed
-    side by side (budget_s: per precision)."""
-    from kernels.cpu import native_attention
-    tokens, heads, kv_heads, dim = ATTENTION_SHAPE
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(tokens, heads, dim, generator=generator)
-    k, v = (torch.randn(tokens, kv_heads, dim, generator=generator) for _ in range(2))
-    flops = 2 * 2 * heads * dim * tokens * (tokens + 1) // 2   # two products over each token's keys
-
-    def attend(bf16: bool) -> Callable[[], object]:
-        return lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16)
-
-    seconds = fastest_each({p: attend(p == "bfloat16") for p in precisions}, budget_s * len(precisions))
-    return {precision: flops / s for precision, s in seconds.items()}
-
-
-def decode_precisions() -> list[str]:
-    """The precisions of the decode matmul's products a probe times: none without the C kernel."""
-    from kernels.cpu import quant_matmul  # builds the kernel, once per machine
-    if not quant_matmul.available():
-        return []
-    return ["float32"] + (["bfloat16"] if quant_matmul.bf16_native() else [])
-
-
-def decode_rates(precisions: list[str], budget_s: float) -> dict[str, dict[str, float]]:
-    """FLOP/s of the C decode matmul of each of DECODE_ROWS rows against a DECODE_SHAPE weight in Q4_1, its
-    products in each precision: {precision: {rows: FLOP/s}}, the precisions timed side by side at each row count
-    (budget_s: per precision and row count)."""
-    import gguf.quants
-    import numpy as np
-
-    from kernels.cpu.weight_set import WeightSet
-    from kernels.reference.quant_blocks import QuantizedTensor
-    outputs, inputs = DECODE_SHAPE
-    values = np.random.default_rng(0).standard_normal((outputs, inputs)).astype(np.float32)
-    weight = QuantizedTensor(torch.from_numpy(gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1)), "Q4_1",
-                             inputs)
-    matmuls = {precision: WeightSet([weight], [None], bf16=precision == "bfloat16") for precision in precisions}
-    calls = 20   # a call takes tens of microseconds: a run of them is timed
-    rates: dict[str, dict[str, float]] = {precision: {} for precision in precisions}
-    for rows in DECODE_ROWS:
-        x = torch.randn(rows, inputs, generator=torch.Generator().manual_seed(0))
-
-        def run(matmul: WeightSet) -> Callable[[], object]:
-            return lambda: [matmul(x) for _ in range(calls)]
-
-        seconds = fastest_each({p: run(matmul) for p, matmul in matmuls.items()}, budget_s * len(precisions))
-        for precision, s in seconds.items():
-            rates[precision][str(rows)] = calls * 2 * rows * outputs * inputs / s
-    return rates
-
-
-def panels_probed() -> bool:
-    """Whether a probe times panels and code panels against blocks: the bfloat16 kernels multiply natively."""
-    from kernels.cpu import bf16_matmul, code_matmul, quant_matmul  # builds the kernels, once per machine
-    return (quant_matmul.available() and quant_matmul.bf16_native() and bf16_matmul.available()
-            and bf16_matmul.native() and code_matmul.available() and code_matmul.native())
-
-
-def layout_speedups(budget_s: float) -> dict[str, dict[str, float]]:
-    """{"panels" and "codes": {rows: the decode matmul's time from a PANELS_SHAPE Q4_1 weight's blocks over its
-    time from that layout}}, bfloat16 products, DECODE_ROWS rows, the three timed side by side (budget_s: per
-    (layout, rows))."""
-    from kernels.cpu import bf16_matmul, code_matmul
-    from kernels.cpu.weight_set import WeightSet
-    weight = _random_q4_1(*PANELS_SHAPE)
-    sets = {"blocks": WeightSet([weight], [None], bf16=True),
-            "panels": WeightSet([weight], [None], bf16=True, panels=[bf16_matmul.pack_quantized(weight)]),
-            "codes": WeightSet([weight], [None], bf16=True, code_panels=[code_matmul.pack(weight)])}
-    speedups: dict[str, dict[str, float]] = {"panels": {}, "codes": {}}
-    for rows in DECODE_ROWS:
-        x = torch.randn(rows, PANELS_SHAPE[1], generator=torch.Generator().manual_seed(0))
-        seconds = fastest_each({name: (lambda s=s: s(x)) for name, s in sets.items()}, 3 * budget_s)
-        for layout, by_rows in speedups.items():
-            by_rows[str(rows)] = seconds["blocks"] / seconds[layout]
-    return speedups
-
-
-def _random_q4_1(outputs: int, inputs: int):
-    """A Q4_1 weight of random codes under one scale and offset: what a step reads, at no quantizing cost."""
-    import numpy as np
-
-    from kernels.reference.quant_blocks import QuantizedTensor
-    blocks = np.random.default_rng(0).integers(0, 256, (outputs, inputs // 32, 20), dtype=np.uint8)
-    blocks[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    blocks[:, :, 2:4] = np.frombuffer(np.float16(-0.08).tobytes(), dtype=np.uint8)
-    return QuantizedTensor(torch.from_numpy(blocks.reshape(outputs, -1)), "Q4_1", inputs)
-
-
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:
     """`a @ b` in `dtype`: the best FLOP/s of the shapes that fit the budget, the small calibration shape always."""
     sums = dtype != torch.bfloat16 or bf16_mode_sums_in_float32()
@@ -333,32 +237,6 @@ def bf16_mode_sums_in_float32() -> bool:
 def read_bytes_per_s(budget_s: float) -> float:
     data = torch.ones(READ_BYTES // 4, dtype=torch.float32)
     return READ_BYTES / fastest_s(data.sum, budget_s)
-
-
-def fastest_s(run: Callable[[], object], budget_s: float) -> float:
-    """Seconds of the fastest of up to REPEATS timed runs after an untimed one; at least one, fewer once
-    `budget_s` is spent."""
-    return fastest_each({"run": run}, budget_s, REPEATS)["run"]
-
-
-def fastest_each(runs: dict[str, Callable[[], object]], budget_s: float,
-                 rounds: int = SIDE_BY_SIDE_ROUNDS) -> dict[str, float]:
-    """Seconds of each run's fastest, the runs timed in turn, a round at a time: one untimed round, then up to
-    `rounds`, fewer once `budget_s` is spent. Runs compared with each other so see the same load: timed one after
-    the other on a busy 2-core VM, a burst of another process's work during the second made bfloat16's attention
-    measure 0.89x float32's, where side by side it measured 1.3x."""
-    began = time.perf_counter()
-    for run in runs.values():
-        run()
-    best = {name: math.inf for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-        if time.perf_counter() - began >= budget_s:
-            break
-    return best
 
 
 def _matmul_flop_s(shape: tuple[int, int, int], dtype: torch.dtype, budget_s: float) -> float:

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from engine.errors import OptionError
-from engine.machine_probe import DECODE_ROWS, KERNEL, MachineProbe, cached_probe
+from engine.kernel_probes import DECODE_ROWS
+from engine.machine_probe import KERNEL, MachineProbe, cached_probe
 from engine.prompt_matmul import Precisions
 from engine.quantized_layers import QuantizedLinear
 from kernels.cpu import bf16_matmul, entry_points

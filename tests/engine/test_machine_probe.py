@@ -14,10 +14,10 @@ from engine.machine_probe import (
     bf16_mode_sums_in_float32,
     cache_path,
     cached_probe,
-    fastest_each,
     panels_probed,
     probe_machine,
 )
+from engine.probe_timing import fastest_each
 from kernels.cpu import bf16_matmul
 
 SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05, "decode": 0.01, "panels": 0.01}   # each probe still runs

@@ -200,21 +200,7 @@ static int64_t rows_step(int R, const Work *w, const Out *o, int64_t m0, int64_t
                  case 7: STEP(7, 1); break; default: STEP(8, 1); }
     return 1;
 }
-#else
-static float widened(uint32_t half) {
-    const uint32_t bits = half << 16;
-    float value;
-    memcpy(&value, &bits, 4);
-    return value;
-}
-
-static float flushed(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;
-    memcpy(&value, &bits, 4);
-    return value;
-}
+#else   /* bf16_tiles.h's plain-C vdpbf16ps steps: bf16_widened, bf16_flushed */
 
 /* B + the code of row j's value 2 i + e in a cell */
 static float operand(const Out *o, const uint8_t *cell, int j, int i, int e) {
@@ -234,8 +220,8 @@ static int64_t rows_step(int R, const Work *w, const Out *o, int64_t m0, int64_t
                 const uint32_t *x = w->pairs + (m0 + r) * half + 16 * b;
                 float sum = 0.0f, a, c;
                 for (int i = 0; i < 16; i++) {
-                    sum = flushed(sum + widened(x[i] >> 16) * operand(o, cell, j, i, 1));
-                    sum = flushed(sum + widened(x[i] & 0xffffu) * operand(o, cell, j, i, 0));
+                    sum = bf16_flushed(sum + bf16_widened(x[i] >> 16) * operand(o, cell, j, i, 1));
+                    sum = bf16_flushed(sum + bf16_widened(x[i] & 0xffffu) * operand(o, cell, j, i, 0));
                 }
                 memcpy(&a, cell + code_bytes(o->bits) + 4 * j, 4);
                 memcpy(&c, cell + code_bytes(o->bits) + 4 * (LANES + j), 4);
