@@ -18,12 +18,19 @@ class WeightMemory:
     def __post_init__(self):
         assert sum(self.by_format.values()) == self.total_bytes, "the formats add up to the total"
 
+    @property
+    def model_bytes(self) -> int:
+        """The model's own bytes: total_bytes less the copies laid out for the kernels (LAYOUT_FORMATS), which
+        a machine's floor does not need."""
+        return self.total_bytes - sum(self.by_format.get(layout, 0) for layout in LAYOUT_FORMATS)
+
     def to_json(self) -> dict:
         return {"total_bytes": self.total_bytes, "by_format": dict(self.by_format), "label": self.label}
 
 
 PANELS_FORMAT = "BF16 panels"
 CODES_FORMAT = "code panels"
+LAYOUT_FORMATS = (PANELS_FORMAT, CODES_FORMAT)
 
 
 def with_panels(weights: WeightMemory, panels_bytes: int, format: str = PANELS_FORMAT) -> WeightMemory:

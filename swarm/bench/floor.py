@@ -17,7 +17,7 @@ last position. A query at position i attends i + 1 keys:
 Decode: the first new token comes with the prompt; G − 1 steps follow. At step k (1 … G−1) each row attends
 c = T + S + k keys, the trunk's KV read once for all rows (as cascade attention does) and each row's own S + k:
 
-    bytes_k = W + KV · (T + N·(S + k))                 W: the weights' bytes as the engine keeps them, read once
+    bytes_k = W + KV · (T + N·(S + k))                 W: the model's weight bytes (not the kernels' copies)
     FLOPs_k = N · (2·P + 2·E + 4·L·H·h · c)
     step_k  = max(bytes_k / B, FLOPs_k / R)            B: the measured read bandwidth
 
@@ -44,7 +44,8 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied_embeddings: bool
-    weight_bytes: int            # as the engine keeps them: a Q4_K_M GGUF's blocks, float32 tensors, ...
+    weight_bytes: int            # the model's own, as the engine keeps them: a Q4_K_M GGUF's blocks, float32
+                                 # tensors, ...; not the copies laid out for its kernels (WeightMemory.model_bytes)
     kv_bytes_per_token: int
 
     @classmethod

@@ -157,7 +157,7 @@ def _probe(options: BenchOptions, progress: Progress) -> MachineProbe | None:
 
 
 def _fill_floors(configs: list[ConfigResult], engine, machine: MachineProbe | None) -> None:
-    model = ModelShape.of(engine.config, engine.weight_bytes, engine.kv_bytes_per_token)
+    model = ModelShape.of(engine.config, engine.weights.model_bytes, engine.kv_bytes_per_token)
     for config in configs:
         config.fill_floor(machine and machine_floor(model, machine, config.agents, config.trunk, config.suffix,
                                                     config.new_tokens))

@@ -79,6 +79,7 @@ def test_the_engine_counts_the_code_panels_beside_the_blocks(tiny_model_dir, bfl
     assert want == code_panels_bytes(layers) > 0
     assert codes.weights.by_format["code panels"] == want
     assert codes.weights.total_bytes == blocks.weights.total_bytes + want
+    assert codes.weights.model_bytes == blocks.weights.total_bytes   # what the bench's floor reads
     assert "code panels" not in blocks.weights.by_format
     assert all(layer.code_panels is None for layer in quantized_layers(blocks.runner.model))
 

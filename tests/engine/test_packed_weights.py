@@ -76,6 +76,7 @@ def test_the_engine_counts_the_panels_beside_the_blocks(tiny_model_dir, bfloat16
     assert want == panels_bytes(layers) > 0
     assert packed.weights.by_format["BF16 panels"] == want
     assert packed.weights.total_bytes == blocks.weights.total_bytes + want
+    assert packed.weights.model_bytes == blocks.weights.total_bytes   # what the bench's floor reads
     assert "BF16 panels" not in blocks.weights.by_format
     assert all(layer.panels is None for layer in quantized_layers(blocks.runner.model))
 
