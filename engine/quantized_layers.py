@@ -3,7 +3,8 @@ it on each device:
 
     CPU, float32, a few rows, a format the C kernel reads   kernels.cpu.quant_matmul straight from the blocks
       (not prompt rows that take bfloat16 products: engine.prompt_matmul), through a WeightSet
-      (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x
+      (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x; in bfloat16
+      products from the layers' code panels where the engine keeps them (engine.code_panels)
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
     CPU prompt rows in swarm's bfloat16 precision            kernels.cpu.bf16_matmul: the blocks laid out in
       (engine.prompt_matmul: AVX512-BF16 where oneDNN's        bfloat16 panels into the scratch, a tile at a time
@@ -13,7 +14,8 @@ it on each device:
                                                              torch (on a CPU, the C kernel expands the tiles)
 
 No layer holds a float copy of its weight: the scratch holds one tile at a time, so the model's
-resident bytes are the file's.
+resident bytes are the file's, and the copies the engine lays out for its CPU kernels where it keeps them
+(engine.packed_weights, engine.code_panels), which its weight count shows.
 """
 from __future__ import annotations
 

@@ -30,7 +30,9 @@ class Description(ctypes.Structure):
 
 class WeightSet:
     """`set(x)` is quant_matmul_many(x, weights, biases): for each weight, x @ W.T + bias; with bf16, in bfloat16
-    products summed in float32 (quant_matmul_many's bf16, csrc/quant_matmul.c's top)."""
+    products summed in float32 (quant_matmul_many's bf16, csrc/quant_matmul.c's top). With bf16, `panels` (each
+    weight's bfloat16 panels: the prompt kernel's sums) or `code_panels` (each weight's code panels:
+    csrc/code_matmul.c's sums, ahead of panels) multiply instead of the blocks."""
 
     def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
                  library: ctypes.CDLL | None = None, bf16: bool = False,
