@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.errors import OptionError
 from engine.kernel_probes import DECODE_ROWS
-from engine.machine_probe import MachineProbe, cached_probe
-from engine.packed_weights import PANELS_SHARE, available_host_bytes, quantized_layers
+from engine.machine_probe import MachineProbe
+from engine.packed_weights import choose_layout, quantized_layers
 from engine.prompt_matmul import Precisions
 from engine.quantized_layers import QuantizedLinear
 from kernels.cpu import code_matmul
@@ -51,19 +50,9 @@ def faster_from_codes(probe: MachineProbe) -> bool:
 
 def choose_code_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module) -> bool:
     """option: True or False as asked; None: auto (the module's top)."""
-    layers = code_layers(net)
-    if not layers:
-        return False
-    if not can_use(device, precisions):
-        if option:
-            raise OptionError("code_panels needs bfloat16 decode products on swarm's CPU kernels with AVX512-BF16 "
-                              "(dtype: auto on such a CPU); leave it unset")
-        return False
-    if option is not None:
-        return option
-    if code_panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
-        return False
-    return faster_from_codes(cached_probe())
+    return choose_layout(option, code_layers(net), can_use(device, precisions),
+                         "code_panels needs bfloat16 decode products on swarm's CPU kernels with AVX512-BF16 "
+                         "(dtype: auto on such a CPU); leave it unset", code_panels_bytes, faster_from_codes)
 
 
 def pack(net: nn.Module) -> int:

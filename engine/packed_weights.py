@@ -20,6 +20,7 @@ They cost memory (3.2x Q4_1's bytes), and a step reads more bytes. `auto` keeps 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -62,19 +63,28 @@ def choose_panels(option: bool | None, device: torch.device, precisions: Precisi
                   code_panels: bool = False) -> bool:
     """option: True or False as asked; None: auto (the module's top), never beside code panels (`code_panels`:
     engine.code_panels serves the decode rows, which the probe timed panels for)."""
-    layers = quantized_layers(net)
+    return choose_layout(option, quantized_layers(net), can_pack(device, precisions),
+                         "packed_weights needs bfloat16 products on swarm's CPU kernels (dtype: auto on a CPU with "
+                         "AVX512-BF16); leave it unset", panels_bytes, None if code_panels else faster_from_panels)
+
+
+def choose_layout(option: bool | None, layers: list[QuantizedLinear], usable: bool, refusal: str,
+                  layout_bytes: Callable[[list[QuantizedLinear]], int],
+                  faster: Callable[[MachineProbe], bool] | None) -> bool:
+    """Whether the layers also keep a copy laid out for the CPU kernels (bfloat16 panels here, code panels in
+    engine.code_panels), where the kernels can use it (`usable`; asked for where they cannot: `refusal`, as an
+    OptionError): option True or False as asked; None (auto): where the copy takes at most PANELS_SHARE of the
+    available memory and the cached probe says it is `faster` (None: auto never keeps it)."""
     if not layers:
         return False
-    if not can_pack(device, precisions):
+    if not usable:
         if option:
-            raise OptionError("packed_weights needs bfloat16 products on swarm's CPU kernels (dtype: auto on a CPU "
-                              "with AVX512-BF16); leave it unset")
+            raise OptionError(refusal)
         return False
     if option is not None:
         return option
-    if code_panels or panels_bytes(layers) > PANELS_SHARE * available_host_bytes():
-        return False
-    return faster_from_panels(cached_probe())
+    return (faster is not None and layout_bytes(layers) <= PANELS_SHARE * available_host_bytes()
+            and faster(cached_probe()))
 
 
 def pack(net: nn.Module) -> int:

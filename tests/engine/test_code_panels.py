@@ -95,14 +95,15 @@ def test_layers_in_other_formats_keep_their_blocks(tiny_model_dir, bfloat16_prod
 def test_auto_keeps_codes_where_the_probe_says_and_the_memory_allows(tiny_model_dir, bfloat16_products,
                                                                       monkeypatch):
     import engine.code_panels as code_panels
+    import engine.packed_weights as packed_weights
 
     folder = str(tiny_model_dir("llama"))
     monkeypatch.setattr(code_panels, "faster_from_codes", lambda *args: True)
     assert engine(folder).code_panels is True
-    monkeypatch.setattr(code_panels, "available_host_bytes", lambda: 1000)
+    monkeypatch.setattr(packed_weights, "available_host_bytes", lambda: 1000)   # the layouts' shared choice
     assert engine(folder).code_panels is False
     assert engine(folder, code_panels=True).code_panels is True
-    monkeypatch.setattr(code_panels, "available_host_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(packed_weights, "available_host_bytes", lambda: 1 << 40)
     monkeypatch.setattr(code_panels, "faster_from_codes", lambda *args: False)
     assert engine(folder).code_panels is False
 
