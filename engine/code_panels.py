@@ -8,18 +8,21 @@ operands (five, 32 eight-bit ones), and the scale and offset come in once a sub-
 Q4_1 weight, 8 rows took 1.45x less time, one row 3.2x less. A row's bits still depend on its own values only;
 they differ from the blocks' path, which rounds each value to bfloat16 first, and are nearer float32's.
 
-Q4_0, Q4_1, Q4_K and Q8_0 layers get them, at 1.2x their blocks' bytes beside the blocks (prompt rows still read
-the blocks). `auto` keeps them where the machine probe timed the decode matmul of 1 and of 8 rows faster from them
-than from the blocks (`codes_speedup`, side by side) and they take at most a quarter of the available memory. A
-weight set whose weights do not all have them (a Q4_K_M file's Q6_K layers beside Q4_K ones) keeps the blocks.
+Q4_0, Q4_1, Q4_K and Q8_0 layers get them, at 1.2x their blocks' bytes beside the blocks (prompt rows read the
+blocks, or in integer products the code panels: kernels/cpu/code_prompt.py, engine/prompt_matmul.py). `auto`
+keeps them where the machine probe timed the decode matmul of 1 and of 8 rows faster from them than from the
+blocks (`codes_speedup`, side by side), or prompts take integer products, and they take at most a quarter of the
+available memory. A weight set whose weights do not all have them (a Q4_K_M file's Q6_K layers beside Q4_K ones)
+keeps the blocks.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from engine import packed_weights
 from engine.kernel_probes import DECODE_ROWS
-from engine.machine_probe import MachineProbe
+from engine.machine_probe import INT8_KERNEL, MachineProbe
 from engine.packed_weights import choose_layout, quantized_layers
 from engine.prompt_matmul import Precisions
 from engine.quantized_layers import QuantizedLinear
@@ -49,7 +52,12 @@ def faster_from_codes(probe: MachineProbe) -> bool:
 
 
 def choose_code_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module) -> bool:
-    """option: True or False as asked; None: auto (the module's top)."""
+    """option: True or False as asked; None: auto (the module's top). Prompt rows in integer products need them:
+    there auto keeps them where they take at most a quarter of the available memory."""
+    layers = code_layers(net)
+    if precisions.prompt == INT8_KERNEL and option is not False and layers:
+        share = packed_weights.PANELS_SHARE * packed_weights.available_host_bytes()
+        return option or code_panels_bytes(layers) <= share
     return choose_layout(option, code_layers(net), can_use(device, precisions),
                          "code_panels needs bfloat16 decode products on swarm's CPU kernels with AVX512-BF16 "
                          "(dtype: auto on such a CPU); leave it unset", code_panels_bytes, faster_from_codes)

@@ -10,6 +10,8 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       2048 takes 17 s), so a rate may come from a smaller shape: `shape` says which.
                       bfloat16_kernel: swarm's own bfloat16 kernel (kernels/cpu/bf16_matmul.py), its inputs' rounding
                       and layout included, where it was built for AVX512-BF16 (its plain build is never timed).
+                      int8_kernel: swarm's integer products (kernels/cpu/code_prompt.py) from a Q4_1 weight's code
+                      panels, x's quantizing included, where it was built for AVX512-VNNI.
     float32_sums      of the bfloat16 rate: whether float32 matmuls in oneDNN's bf16 mode, as prompt rows take them
                       (engine/prompt_matmul.py), sum the bfloat16 products in float32. Measured, not assumed: on a
                       Zen 4 with AVX512-BF16 and no AMX, oneDNN's mode was off by 2^-9 of the outputs' size, as if
@@ -59,6 +61,7 @@ from engine.kernel_probes import (
     decode_rates,
     layout_speedups,
     panels_probed,
+    random_q4_1,
 )
 from engine.probe_timing import fastest_s
 
@@ -66,6 +69,7 @@ CALIBRATION_SHAPE = (128, 576, 1536)
 PREFILL_SHAPES = ((2048, 576, 1536), (2048, 2048, 2048))
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 KERNEL = "bfloat16_kernel"   # swarm's bfloat16 kernel, timed beside the dtypes
+INT8_KERNEL = "int8_kernel"  # swarm's integer products from code panels (kernels/cpu/code_prompt.py)
 READ_BYTES = 256 << 20
 BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2,   # per dtype, the read probe, per attention
             "panels": 0.2}                                                # precision, per decode (precision, rows),
@@ -164,14 +168,15 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
 def probed_paths() -> list[str]:
     """The matmul paths a probe of this machine times: the dtypes, and swarm's kernel where it is native."""
     dtypes = [dtype for dtype in MATMUL_DTYPES if dtype != "float16" or cpu_has_native(torch.float16)]
-    from kernels.cpu import bf16_matmul  # builds the kernel, once per machine
-    return dtypes + ([KERNEL] if bf16_matmul.native() else [])
+    from kernels.cpu import bf16_matmul, code_prompt  # builds the kernels, once per machine
+    return dtypes + ([KERNEL] if bf16_matmul.native() else []) + ([INT8_KERNEL] if code_prompt.native() else [])
 
 
 def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     began = time.perf_counter()
-    rates = {path: kernel_rate(budget_s["matmul"]) if path == KERNEL else matmul_rate(getattr(torch, path),
-                                                                                        budget_s["matmul"])
+    kernels = {KERNEL: kernel_rate, INT8_KERNEL: int8_kernel_rate}
+    rates = {path: kernels[path](budget_s["matmul"]) if path in kernels else matmul_rate(getattr(torch, path),
+                                                                                         budget_s["matmul"])
              for path in probed_paths()}
     read = read_bytes_per_s(budget_s["read"])
     attention = attention_rates(attention_precisions(), budget_s.get("attention", BUDGET_S["attention"]))
@@ -196,6 +201,19 @@ def kernel_rate(budget_s: float) -> MatmulRate:
         m, k, n = shape
         x, w = torch.randn(m, k), torch.randn(n, k)
         return _flops(shape) / fastest_s(lambda: bf16_matmul.linear(x, w), left)
+
+    return _best_rate(flop_s, budget_s, native=True, float32_sums=True)
+
+
+def int8_kernel_rate(budget_s: float) -> MatmulRate:
+    """swarm's integer products (kernels/cpu/code_prompt.py) against a Q4_1 weight's code panels, packed
+    beforehand as an engine packs them at load; as matmul_rate times a dtype. It sums in float32."""
+    from kernels.cpu import code_matmul, code_prompt
+
+    def flop_s(shape: tuple[int, int, int], left: float) -> float:
+        m, k, n = shape
+        x, panels = torch.randn(m, k), code_matmul.pack(random_q4_1(n, k))
+        return _flops(shape) / fastest_s(lambda: code_prompt.linear(x, panels, "Q4_1", n), left)
 
     return _best_rate(flop_s, budget_s, native=True, float32_sums=True)
 

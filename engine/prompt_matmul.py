@@ -1,4 +1,5 @@
-"""The precision of prompt tokens' matmuls on a CPU: exact float32, or bfloat16 products summed in float32.
+"""The precision of prompt tokens' matmuls on a CPU: exact float32, bfloat16 products summed in float32, or
+integer products of int8-quantized rows.
 
 A prompt's matmuls are bound by arithmetic: thousands of rows against every weight. Where the CPU multiplies
 bfloat16 on units of its own (AMX, AVX512-BF16), two paths round a float32 matmul's inputs to bfloat16 and keep
@@ -7,6 +8,12 @@ its sums and its output in float32:
                         for every linear layer; on AMX it sums in float32, on a Zen 4 it rounds its sums
     "bfloat16_kernel"   swarm's kernel (kernels/cpu/bf16_matmul.py: AVX512-BF16, sums as vdpbf16ps does), for
                         the quantized layers; float weights' layers and the attention stay float32 in this mode
+and one path, on CPUs with AVX512-VNNI, rounds the rows to int8 as llama.cpp does:
+    "int8_kernel"       swarm's integer products (kernels/cpu/code_prompt.py): each sub-block of 32 of a row
+                        quantized as GGUF's Q8_0, multiplied by the layer's code panels (engine.code_panels) in
+                        int32 and scaled in float32; layers without code panels take "bfloat16_kernel"'s path.
+                        auto takes it where the probe timed it at least INT8_SPEEDUP x the fastest bfloat16 path:
+                        its rounding is coarser (1/254 of a sub-block's largest value)
 The activations, the KV cache and every other op stay float32. A decode step's rows take swarm's quantized
 matmul (kernels/cpu/csrc/quant_matmul.c) in float32, or in bfloat16 products summed in float32 where `choose_decode`
 measured those faster: 8 agents' rows are bound by the products, one agent's by expanding the weights' blocks.
@@ -42,12 +49,14 @@ from typing import TypeVar
 
 import torch
 
-from engine.machine_probe import KERNEL, cached_probe
+from engine.machine_probe import INT8_KERNEL, KERNEL, cached_probe
 
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
+INT8_SPEEDUP = 1.15  # over the fastest path that rounds to bfloat16: below this, int8's coarser rounding is not
+                     # worth its speed
 ATTENTION_BF16_SPEEDUP = 1.2   # the attention's: its matmuls' precision already rounds the prompt rows
 DECODE_BF16_SPEEDUP = 1.2      # the decode rows': a step of 8 of them
-PRECISIONS = ("float32", "bfloat16", KERNEL)
+PRECISIONS = ("float32", "bfloat16", KERNEL, INT8_KERNEL)
 
 _step = threading.local()
 Result = TypeVar("Result")
@@ -61,7 +70,10 @@ def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
     f32 = rates.get("float32")
     usable = {path: rate.flop_s for path, rate in rates.items() if path in PRECISIONS[1:] and _usable(path)
               and rate.native and rate.float32_sums}
-    best = max(usable, key=usable.get, default=None)
+    rounded = {path: rate for path, rate in usable.items() if path != INT8_KERNEL}
+    best = max(rounded, key=rounded.get, default=None)
+    if INT8_KERNEL in usable and usable[INT8_KERNEL] >= INT8_SPEEDUP * rounded.get(best, 0.0):
+        best = INT8_KERNEL
     return best if best and f32 is not None and usable[best] >= BF16_SPEEDUP * f32.flop_s else "float32"
 
 
@@ -119,8 +131,8 @@ def choose_all(dtype_option: str, device: torch.device, dtype: torch.dtype) -> P
 def _usable(path: str) -> bool:
     if path == "bfloat16":
         return _fpmath_available()
-    from kernels.cpu import bf16_matmul  # builds the kernel: only where the probe timed it
-    return bf16_matmul.native()
+    from kernels.cpu import bf16_matmul, code_prompt  # builds the kernels: only where the probe timed them
+    return bf16_matmul.native() and (path != INT8_KERNEL or code_prompt.native())
 
 
 @contextmanager
@@ -160,8 +172,14 @@ def bfloat16_now() -> bool:
 
 
 def kernel_now() -> bool:
-    """Whether the quantized layers' products take swarm's bfloat16 kernel at this point of the step."""
-    return getattr(_step, "precision", "float32") == KERNEL
+    """Whether the quantized layers' products take swarm's kernels at this point of the step: the bfloat16 one,
+    or the integer one where a layer keeps code panels (int8_now) and the bfloat16 one where it does not."""
+    return getattr(_step, "precision", "float32") in (KERNEL, INT8_KERNEL)
+
+
+def int8_now() -> bool:
+    """Whether the quantized layers that keep code panels take swarm's integer products at this point of the step."""
+    return getattr(_step, "precision", "float32") == INT8_KERNEL
 
 
 def _fpmath_available() -> bool:

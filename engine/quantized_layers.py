@@ -6,6 +6,8 @@ it on each device:
       (kernels.cpu.weight_set) of the layer alone or of the layers that take the same x; in bfloat16
       products from the layers' code panels where the engine keeps them (engine.code_panels)
     GPU, a format the Triton kernels read                    kernels.triton.quant_matmul (decode and prefill)
+    CPU prompt rows in swarm's integer precision,            kernels.cpu.code_prompt: x quantized to int8, times
+      a layer that keeps code panels                         the code panels' integer codes
     CPU prompt rows in swarm's bfloat16 precision            kernels.cpu.bf16_matmul: the blocks laid out in
       (engine.prompt_matmul: AVX512-BF16 where oneDNN's        bfloat16 panels into the scratch, a tile at a time
       bf16 mode rounds its sums)
@@ -24,6 +26,7 @@ from torch import nn
 
 from engine import prompt_matmul
 from kernels.cpu import bf16_matmul as bf16_kernel
+from kernels.cpu import code_prompt
 from kernels.cpu import quant_matmul as cpu_kernel
 from kernels.cpu.weight_set import WeightSet
 from kernels.reference import gguf_dequant
@@ -54,6 +57,8 @@ class QuantizedLinear(nn.Module):
             return self.weight_set_with(())(x)[0]   # with panels (no code panels), packed_linear's bits
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
+        if self.code_panels is not None and prompt_matmul.int8_now() and x.is_cpu:
+            return code_prompt.linear(x, self.code_panels, self.quantized.format, self.out_features, self.bias)
         if self.panels is not None:
             return bf16_kernel.packed_linear(x, self.panels, self.out_features, self.bias)
         if prompt_matmul.kernel_now() and x.is_cpu and bf16_kernel.available():
@@ -105,7 +110,13 @@ def use_decode_products(model: nn.Module, precision: str) -> None:
 
 def together(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor] | None:
     """[layer(x) for layer in layers], bit for bit, in one call of the CPU kernel where every layer would take
-    it alone (a decode step's q, k and v; its gate and up: the threads wake once for all); None where not."""
+    it alone (a decode step's q, k and v; its gate and up: the threads wake once for all; prompt rows in integer
+    products: x quantized once); None where not."""
+    if (prompt_matmul.int8_now() and x.is_cpu
+            and all(isinstance(layer, QuantizedLinear) and layer.code_panels is not None for layer in layers)):
+        return code_prompt.linear_many(x, [layer.code_panels for layer in layers],
+                                       [layer.quantized.format for layer in layers],
+                                       [layer.out_features for layer in layers], [layer.bias for layer in layers])
     if not (all(isinstance(layer, QuantizedLinear) and layer._cpu_kernel for layer in layers)
             and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now()):
         return None

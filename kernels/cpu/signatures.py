@@ -23,6 +23,9 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_code_cell_bytes": ([_int], _i64),
         "swarm_code_pack": ([_ptr, _int, _i64, _i64, _ptr, _int], None),
         "swarm_code_matmul": ([_ptr, _i64, _i64, _ptr, _int, _i64, _ptr, _ptr, _int], _int)},
+    "code_prompt": {
+        "swarm_code_prompt_native": ([], _int),
+        "swarm_code_prompt_many": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int)},
     "decode_layer": {
         "swarm_decode_attention_in": ([_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int], _int),
         "swarm_decode_mlp_in": ([_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _int], _int),

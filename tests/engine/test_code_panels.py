@@ -108,6 +108,27 @@ def test_auto_keeps_codes_where_the_probe_says_and_the_memory_allows(tiny_model_
     assert engine(folder).code_panels is False
 
 
+def test_integer_prompts_keep_codes_where_the_memory_allows_else_take_the_bfloat16_kernel(tiny_model_dir,
+                                                                                           monkeypatch):
+    """Prompt rows in integer products read the code panels: auto keeps them whatever the decode probe says, where
+    they fit; where they are not kept (asked off, or too large), prompts take the bfloat16 kernel."""
+    import engine.code_panels as code_panels
+    import engine.packed_weights as packed_weights
+    from engine import prompt_matmul
+    from engine.machine_probe import INT8_KERNEL
+
+    folder = str(tiny_model_dir("llama"))
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: INT8_KERNEL)
+    monkeypatch.setattr(code_panels, "faster_from_codes", lambda *args: False)
+    auto = engine(folder)
+    assert auto.code_panels is True and auto.kernels()["prompt_products"] == INT8_KERNEL
+    off = engine(folder, code_panels=False)
+    assert off.code_panels is False and off.kernels()["prompt_products"] == KERNEL
+    monkeypatch.setattr(packed_weights, "available_host_bytes", lambda: 1000)
+    assert engine(folder).kernels()["prompt_products"] == KERNEL
+    assert engine(folder, code_panels=True).kernels()["prompt_products"] == INT8_KERNEL
+
+
 def test_auto_panels_stay_off_beside_codes(tiny_model_dir, bfloat16_products, monkeypatch):
     import engine.code_panels as code_panels
     import engine.packed_weights as packed_weights

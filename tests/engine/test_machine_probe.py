@@ -8,6 +8,7 @@ import torch
 from engine import cpu_has_native
 from engine.machine_probe import (
     CALIBRATION_SHAPE,
+    INT8_KERNEL,
     KERNEL,
     PREFILL_SHAPES,
     MachineProbe,
@@ -18,7 +19,7 @@ from engine.machine_probe import (
     probe_machine,
 )
 from engine.probe_timing import fastest_each
-from kernels.cpu import bf16_matmul
+from kernels.cpu import bf16_matmul, code_prompt
 
 SHORT = {"matmul": 0.05, "read": 0.05, "attention": 0.05, "decode": 0.01, "panels": 0.01}   # each probe still runs
                                                                                             # at least once
@@ -33,12 +34,12 @@ def cache_dir(tmp_path, monkeypatch):
 def test_the_probes_return_positive_finite_rates_for_the_dtypes_the_engine_could_use():
     probe = probe_machine(SHORT)
     expected = ({"float32", "bfloat16"} | ({"float16"} if cpu_has_native(torch.float16) else set())
-                | ({KERNEL} if bf16_matmul.native() else set()))
+                | ({KERNEL} if bf16_matmul.native() else set()) | ({INT8_KERNEL} if code_prompt.native() else set()))
     assert set(probe.matmul_flop_s) == expected
     for dtype, rate in probe.matmul_flop_s.items():
         assert 0 < rate.flop_s < math.inf
         assert rate.shape in (CALIBRATION_SHAPE, *PREFILL_SHAPES)
-        assert rate.native == (dtype == KERNEL or cpu_has_native(getattr(torch, dtype)))
+        assert rate.native == (dtype in (KERNEL, INT8_KERNEL) or cpu_has_native(getattr(torch, dtype)))
         assert rate.float32_sums == (dtype != "bfloat16" or bf16_mode_sums_in_float32())
     assert 0 < probe.read_bytes_per_s < math.inf
     assert probe.probe_s > 0

@@ -8,6 +8,7 @@ import torch
 from engine import prompt_matmul
 from engine.linear import Linear, PackedLinear
 from engine.machine_probe import (
+    INT8_KERNEL,
     KERNEL,
     MachineProbe,
     MatmulRate,
@@ -16,7 +17,7 @@ from engine.machine_probe import (
     this_machine_key,
 )
 from engine.quantized_layers import QuantizedLinear
-from kernels.cpu import bf16_matmul, onednn_linear, quant_matmul
+from kernels.cpu import bf16_matmul, code_matmul, code_prompt, onednn_linear, quant_matmul
 from kernels.reference.bf16_matmul import bf16_matmul as bf16_pairs_oracle
 from kernels.reference.quant_matmul import DequantScratch
 from tests.helpers.random_blocks import gguf_values, random_weight
@@ -96,18 +97,20 @@ def kernels_from_the_shared_cache():
     built in a test's folder would stay mapped in the worker beside the shared cache's (its own task pool)."""
     from kernels.cpu import native
     for name in ("quant_matmul", "quant_matmul_bf16", "rows_attention", "bf16_matmul", "paged_decode",
-                 "prefix_attention", "code_matmul"):
+                 "prefix_attention", "code_matmul", "code_prompt"):
         native.load(name)
 
 
 def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10,
-                attention: dict[str, float] | None = None, decode: dict[str, dict[str, float]] | None = None) -> None:
+                attention: dict[str, float] | None = None, decode: dict[str, dict[str, float]] | None = None,
+                int8_flop_s: float = 1e10) -> None:
     """A cached probe of this machine with these rates; attention: the prompt attention's, per precision; decode:
     the decode matmul's, per precision and rows."""
     probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
                          {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
-                          KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
+                          KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True),
+                          INT8_KERNEL: MatmulRate(int8_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
                          attention or {"float32": 1e11, "bfloat16": 1e11},
                          decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")},
                          {"1": 1.0, "8": 1.0}, {"1": 1.0, "8": 1.0})
@@ -178,6 +181,38 @@ def test_auto_takes_the_fastest_path_that_sums_in_float32(monkeypatch, tmp_path,
     assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
 
 
+@pytest.mark.skipif(not (bf16_matmul.native() and code_prompt.native()),
+                    reason="swarm's bfloat16 and integer kernels are not both native on this CPU")
+@pytest.mark.parametrize(("kernel_flop_s", "int8_flop_s", "expected"),
+                         [(4e11, 4.7e11, INT8_KERNEL), (4e11, 4.5e11, KERNEL), (1.2e11, 4e11, INT8_KERNEL),
+                          (1.2e11, 1.3e11, "float32")])
+def test_auto_takes_integer_products_where_the_probe_timed_them_well_ahead_of_bfloat16(
+        monkeypatch, tmp_path, kernel_flop_s, int8_flop_s, expected):
+    """INT8_SPEEDUP (1.15) over the fastest bfloat16 path, and BF16_SPEEDUP (1.5) over float32 (1e11 here)."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    write_probe(1e11, True, True, kernel_flop_s, int8_flop_s=int8_flop_s)
+    assert prompt_matmul.choose("auto", CPU, torch.float32) == expected
+    monkeypatch.setattr(code_prompt, "native", lambda library=None: False)
+    assert prompt_matmul.choose("auto", CPU, torch.float32) != INT8_KERNEL
+
+
+@pytest.mark.skipif(not code_prompt.available(), reason="no C compiler for the kernels")
+def test_in_integer_precision_rows_of_layers_with_code_panels_take_the_integer_kernels_bits():
+    """Layers without code panels keep the bfloat16 kernel's bits; decode rows stay float32."""
+    quantized = layers()["QuantizedLinear"]
+    x = torch.randn(ALL_ROWS, 576, generator=torch.Generator().manual_seed(4))
+    in_bf16 = in_prompt(quantized, x, KERNEL)
+    assert torch.equal(in_prompt(quantized, x, INT8_KERNEL), in_bf16)
+    quantized.use_code_panels(code_matmul.pack(quantized.quantized))
+    together = in_prompt(quantized, x, INT8_KERNEL)
+    assert torch.equal(together, code_prompt.linear(x, quantized.code_panels, "Q4_1", 384))
+    for count in ROW_COUNTS:
+        assert torch.equal(in_prompt(quantized, x[-count:], INT8_KERNEL), together[-count:]), f"{count} rows"
+    assert (together - in_bf16).abs().max() <= 0.02 * in_bf16.abs().max()
+    with torch.inference_mode(), prompt_matmul.prompt_rows(INT8_KERNEL), prompt_matmul.decode_rows():
+        assert torch.equal(quantized(x[:8]), in_prompt(quantized, x[:8], "float32"))
+
+
 @pytest.mark.skipif(not bf16_matmul.available(), reason="no C compiler for the kernels")
 def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_stay_float32():
     quantized, dense = layers()["QuantizedLinear"], layers()["Linear"]
@@ -192,17 +227,18 @@ def test_in_the_kernels_precision_quantized_rows_take_its_bits_and_float_layers_
 
 
 @pytest.mark.skipif(not bf16_matmul.available(), reason="no C compiler for the kernels")
-@pytest.mark.parametrize("trunk_tokens", [77, 300])   # inside a block of 16; past a chunk of the prompt attention
-def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(trunk_tokens, tiny_model_dir,
-                                                                                 monkeypatch):
-    """On any CPU (the plain build where there is no AVX512-BF16): the engine told to take the kernel's precision,
-    as auto does where the probe timed it fastest. Its prompts' attention takes bfloat16 products too where the
-    probe timed them faster."""
+@pytest.mark.parametrize(("trunk_tokens", "precision"),    # inside a block of 16; past a chunk of the prompt attention
+                         [(77, KERNEL), (300, KERNEL), (300, INT8_KERNEL)])
+def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision(trunk_tokens, precision,
+                                                                                 tiny_model_dir, monkeypatch):
+    """On any CPU (the plain builds where there is no AVX512-BF16 or AVX512-VNNI): the engine told to take a
+    kernel's precision, as auto does where the probe timed it fastest. Its prompts' attention takes bfloat16
+    products too where the probe timed them faster. In integer precision the engine keeps code panels."""
     import random
 
     from engine import LLM, SamplingParams
 
-    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: KERNEL)
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: precision)
     folder = str(tiny_model_dir("llama"))
     draw = random.Random(0)
     trunk = [draw.randrange(4, 300) for _ in range(trunk_tokens)]
@@ -210,8 +246,9 @@ def test_sharing_changes_no_output_on_a_quantized_model_in_the_kernels_precision
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     shared = LLM(folder, weights="q4_1", kv_budget_tokens=4096)
     unshared = LLM(folder, weights="q4_1", kv_budget_tokens=4096, enable_prefix_caching=False)
-    assert shared.engine.kernels()["prompt_products"] == KERNEL
-    assert shared.engine.kernels()["prompt_attention"] == prompt_matmul.choose_attention(KERNEL)
+    assert shared.engine.kernels()["prompt_products"] == precision
+    assert shared.engine.kernels()["prompt_attention"] == prompt_matmul.choose_attention(precision)
+    assert shared.engine.kernels()["code_panels"] or precision != INT8_KERNEL
     together = [o.token_ids for o in shared.generate(prompts, params)]
     assert together == [o.token_ids for o in unshared.generate(prompts, params)]
     assert together == [unshared.generate([p], params)[0].token_ids for p in prompts]

@@ -7,3 +7,6 @@
 int swarm_code_matmul_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *panels,
                            const int *formats, const int64_t *N, const float *const *bias, float *const *y,
                            int threads);
+
+/* the bytes of a cell (16 weight rows' codes of one sub-block, and their scales) of a weight in `format` */
+int64_t swarm_code_cell_bytes(int format);

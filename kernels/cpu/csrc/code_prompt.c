@@ -1,0 +1,346 @@
+/* Prompt matmuls from code panels (code_matmul.c's layout) in integer products, as llama.cpp multiplies its
+ * quantized weights: x's rows quantized as GGUF's Q8_0 quantizes a tensor, then each sub-block of 32 values
+ * multiplied code by code in int32 (AVX512-VNNI's vpdpbusd: 64 byte products a cycle, twice vdpbf16ps's pairs).
+ *
+ * x's row r, sub-block s of 32 values: d = max |x| / 127, q = x / d rounded half away from zero (int8), and
+ * dx = d rounded to float16 and back: gguf.quants.quantize(x, Q8_0) gives the same q and dx, so a value is
+ * q * dx exactly as gguf.quants.dequantize reads it. With a weight's value a * code + c (code_matmul.c's top):
+ *     sum over the sub-block of W[n, k] x[k] = dx * (a * S + c * Q),   S = sum code * q,  Q = sum q  (exact ints)
+ * Each output element, for the sub-blocks s in turn, from acc = 0 (every product and sum rounded to float32):
+ *     4-bit codes (Q4_0, Q4_1, Q4_K):  acc = fma(S, a * dx, acc);  acc = fma(c, dx * Q, acc)
+ *     8-bit codes (Q8_0, c = 0):       acc = fma(S, a * dx, acc)
+ * then y = acc + bias. vpdpbusd multiplies unsigned bytes by signed ones: 4-bit codes are unsigned already, a
+ * Q8_0 code goes in as code + 128 and 128 Q comes off its S (exact). A row's bits depend on its own values only;
+ * the plain-C code for CPUs without AVX512-VNNI takes the same steps. x's rounding to int8 is coarser than to
+ * bfloat16 (to 1/254 of its sub-block's largest value, where bfloat16 keeps 2^-9 of each value), as llama.cpp's.
+ *
+ * A task is 64 outputs (4 panels) of one weight for up to ROWS_A_TASK rows: it lays its panels' codes out once,
+ * 4 codes of an output a 32-bit lane, then runs steps of 6 rows by 2 panels (12 int32 and 12 float32 sums in
+ * registers). Built by kernels/cpu/native.py; called from kernels/cpu/code_prompt.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "code_matmul.h"
+#include "quant_blocks.h"
+#include "task_pool.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define LANES 16
+#define PANELS_A_TASK 4
+#define ROWS_A_TASK 96
+#define STEP_ROWS 6
+#define QUADS 8                        /* 4-code groups a sub-block */
+#define QUAD_BYTES (QUADS * 4 * LANES)  /* a panel's codes of one sub-block, laid out: 512 */
+#define ROWS_A_QUANTIZE_TASK 32
+
+typedef struct {   /* x quantized, rows in groups of STEP_ROWS side by side (a step's operands a pointer apart):
+                      quads [M / STEP_ROWS][K / 4][STEP_ROWS] (4 int8 codes each; quad_at), and per sub-block
+                      dx, dx * Q and 128 Q [M / STEP_ROWS][K / 32][STEP_ROWS] (sub_at) */
+    int32_t *quads;
+    float *dx, *dxq;
+    int32_t *q128;
+} Rows;
+
+typedef struct {
+    const float *x;
+    Rows rows;
+    int64_t M, K;
+    const uint8_t *const *panels;
+    const int *formats;
+    const int64_t *N;
+    const float *const *bias;
+    float *const *y;
+    uint8_t *scratch;      /* each slot's laid-out codes: PANELS_A_TASK * K / 32 * QUAD_BYTES */
+    int64_t *laid_out;     /* each slot's: the (weight, panel group) its scratch holds, or -1 */
+    int64_t row_tiles;
+} Work;
+
+static inline float half_rounded(float value) {
+    return (float)(_Float16)value;   /* to nearest, ties to even, as NumPy's astype(float16) */
+}
+
+/* gguf's np_roundf: half away from zero, exactly */
+static inline float round_away(float v) {
+    const float a = fabsf(v), floored = floorf(a);
+    return copysignf(floored + floorf(2.0f * (a - floored)), v);
+}
+
+#if defined(__AVX512F__)
+/* 16 of a sub-block's values over `inverse` as round_away rounds them, to int8; returns their sum */
+static inline int32_t quantize16(const float *v, float inverse, int8_t *q) {
+    const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(v), _mm512_set1_ps(inverse));
+    const __m512 a = _mm512_abs_ps(scaled), floored = _mm512_floor_ps(a);
+    const __m512 away = _mm512_add_ps(floored, _mm512_floor_ps(_mm512_add_ps(_mm512_sub_ps(a, floored),
+                                                                             _mm512_sub_ps(a, floored))));
+    const __m512i codes = _mm512_cvttps_epi32(_mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(away), _mm512_and_si512(_mm512_castps_si512(scaled), _mm512_set1_epi32(INT32_MIN)))));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(codes));
+    return _mm512_reduce_add_epi32(codes);
+}
+#endif
+
+static inline int64_t quad_at(int64_t K, int64_t m, int64_t quad) {
+    return ((m / STEP_ROWS) * (K / 4) + quad) * STEP_ROWS + m % STEP_ROWS;
+}
+
+static inline int64_t sub_at(int64_t K, int64_t m, int64_t s) {
+    return ((m / STEP_ROWS) * (K / 32) + s) * STEP_ROWS + m % STEP_ROWS;
+}
+
+/* row m of x into the Rows */
+static void quantize_row(const float *x, int64_t K, int64_t m, Rows rows) {
+    for (int64_t s = 0; s < K / 32; s++) {
+        int8_t q[32];
+        const float *v = x + 32 * s;
+        float top = 0.0f;
+#if defined(__AVX512F__)
+        top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)),
+                                                 _mm512_abs_ps(_mm512_loadu_ps(v + 16))));
+#else
+        for (int i = 0; i < 32; i++) top = fabsf(v[i]) > top ? fabsf(v[i]) : top;
+#endif
+        const float d = top / 127.0f, inverse = d == 0.0f ? 0.0f : 1.0f / d;
+        int32_t sum = 0;
+#if defined(__AVX512F__)
+        sum = quantize16(v, inverse, q) + quantize16(v + 16, inverse, q + 16);
+#else
+        for (int i = 0; i < 32; i++) {
+            q[i] = (int8_t)round_away(v[i] * inverse);
+            sum += q[i];
+        }
+#endif
+        for (int g = 0; g < QUADS; g++) memcpy(rows.quads + quad_at(K, m, QUADS * s + g), q + 4 * g, 4);
+        const int64_t at = sub_at(K, m, s);
+        rows.dx[at] = half_rounded(d);
+        rows.dxq[at] = rows.dx[at] * (float)sum;
+        rows.q128[at] = 128 * sum;
+    }
+}
+
+static void quantize_task(void *context, int64_t task, int slot) {
+    (void)slot;
+    const Work *w = context;
+    const int64_t stop = (task + 1) * ROWS_A_QUANTIZE_TASK < w->M ? (task + 1) * ROWS_A_QUANTIZE_TASK : w->M;
+    for (int64_t m = task * ROWS_A_QUANTIZE_TASK; m < stop; m++) quantize_row(w->x + m * w->K, w->K, m, w->rows);
+}
+
+typedef struct {   /* one weight's task */
+    const uint8_t *panels;
+    int bits;
+    int64_t cell_bytes, N, p0, panels_here;
+    const float *bias;
+    float *y;
+} Out;
+
+static inline int code_bits(int format) { return format == Q8_0 ? 8 : 4; }
+
+static inline const uint8_t *cell_of(const Work *w, const Out *o, int64_t p, int64_t s) {
+    return o->panels + (p * (w->K / 32) + s) * o->cell_bytes;
+}
+
+static inline const float *scales_of(const Work *w, const Out *o, int64_t p, int64_t s) {   /* a [16], c [16] */
+    return (const float *)(cell_of(w, o, p, s) + o->cell_bytes - 2 * LANES * 4);
+}
+
+/* panel p's codes of sub-block s as vpdpbusd's unsigned operands: quad g, lane j holds output j's codes of values
+   4 g ... 4 g + 3 (Q8_0's + 128) */
+static void lay_out(const uint8_t *cell, int bits, uint8_t *out) {
+#if defined(__AVX512F__)
+    const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F), sign = _mm512_set1_epi32((int)0x80808080u);
+    for (int g = 0; g < QUADS; g++) {
+        __m512i quad;
+        if (bits == 4) {   /* bytes 2 j, 2 j + 1: the low nibbles values 4 g, 4 g + 1, the high ones 4 g + 2, 4 g + 3 */
+            const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 32 * g)));
+            quad = _mm512_ternarylogic_epi32(words, _mm512_slli_epi32(words, 12), nibbles, 0xA8);   /* (a | b) & c */
+        } else {           /* pairs 2 g and 2 g + 1 */
+            const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g)));
+            const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g + 32)));
+            quad = _mm512_xor_si512(_mm512_or_si512(low, _mm512_slli_epi32(high, 16)), sign);
+        }
+        _mm512_storeu_si512(out + 64 * g, quad);
+    }
+#else
+    for (int g = 0; g < QUADS; g++)
+        for (int j = 0; j < LANES; j++)
+            for (int e = 0; e < 4; e++) {
+                const int value = 4 * g + e;
+                out[64 * g + 4 * j + e] = bits == 4
+                    ? (uint8_t)(cell[32 * (value / 4) + 2 * j + value % 2] >> 4 * (value % 4 / 2) & 0x0F)
+                    : (uint8_t)(cell[32 * (value / 2) + 2 * j + value % 2] ^ 0x80);
+            }
+#endif
+}
+
+#if defined(__AVX512VNNI__)
+/* rows [m0, m0 + R) x the task's panels [q0, q0 + P) */
+static inline __attribute__((always_inline)) void step(int bits, int R, int P, const Work *w, const Out *o,
+                                                       const uint8_t *codes, int64_t m0, int64_t q0) {
+    const int64_t subs = w->K / 32;
+    const int32_t *quads = w->rows.quads + quad_at(w->K, m0, 0);   /* m0: a multiple of STEP_ROWS */
+    const float *dx = w->rows.dx + sub_at(w->K, m0, 0), *dxq = w->rows.dxq + sub_at(w->K, m0, 0);
+    const int32_t *q128 = w->rows.q128 + sub_at(w->K, m0, 0);
+    __m512 acc[STEP_ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < P; q++) acc[r][q] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < subs; s++) {
+        __m512i sum[STEP_ROWS][2];
+        for (int r = 0; r < R; r++)
+            for (int q = 0; q < P; q++) sum[r][q] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < QUADS; g++) {
+            __m512i weights[2];
+            for (int q = 0; q < P; q++)
+                weights[q] = _mm512_loadu_si512(codes + ((q0 + q) * subs + s) * QUAD_BYTES + 64 * g);
+            for (int r = 0; r < R; r++) {
+                const __m512i xs = _mm512_set1_epi32(quads[(QUADS * s + g) * STEP_ROWS + r]);
+                for (int q = 0; q < P; q++) sum[r][q] = _mm512_dpbusd_epi32(sum[r][q], weights[q], xs);
+            }
+        }
+        for (int q = 0; q < P; q++) {
+            const float *ac = scales_of(w, o, o->p0 + q0 + q, s);
+            const __m512 a = _mm512_loadu_ps(ac), c = _mm512_loadu_ps(ac + LANES);
+            for (int r = 0; r < R; r++) {
+                const int64_t at = s * STEP_ROWS + r;
+                __m512i S = sum[r][q];
+                if (bits == 8) S = _mm512_sub_epi32(S, _mm512_set1_epi32(q128[at]));
+                const __m512 scale = _mm512_mul_ps(a, _mm512_set1_ps(dx[at]));
+                acc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), scale, acc[r][q]);
+                if (bits == 4) acc[r][q] = _mm512_fmadd_ps(c, _mm512_set1_ps(dxq[at]), acc[r][q]);
+            }
+        }
+    }
+    for (int q = 0; q < P; q++) {
+        const int64_t n0 = LANES * (o->p0 + q0 + q), left = o->N - n0;
+        const __mmask16 lanes = left >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __m512 bias = o->bias ? _mm512_maskz_loadu_ps(lanes, o->bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(o->y + (m0 + r) * o->N + n0, lanes,
+                                  o->bias ? _mm512_add_ps(acc[r][q], bias) : acc[r][q]);
+    }
+}
+
+/* each step shape its own function: inlined into one, GCC left their sums on the stack */
+#define STEP_OF(B, R, P) \
+    static void step_##B##_##R##_##P(const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) { \
+        step(B, R, P, w, o, codes, m0, q0); \
+    }
+#define STEPS_OF(B, P) STEP_OF(B, 1, P) STEP_OF(B, 2, P) STEP_OF(B, 3, P) STEP_OF(B, 4, P) STEP_OF(B, 5, P) \
+    STEP_OF(B, 6, P)
+STEPS_OF(4, 1)
+STEPS_OF(4, 2)
+STEPS_OF(8, 1)
+STEPS_OF(8, 2)
+
+typedef void (*step_shape)(const Work *, const Out *, const uint8_t *, int64_t, int64_t);
+#define SHAPES_OF(B, P) {step_##B##_1_##P, step_##B##_2_##P, step_##B##_3_##P, step_##B##_4_##P, step_##B##_5_##P, \
+                         step_##B##_6_##P}
+static const step_shape SHAPES[2][2][STEP_ROWS] = {{SHAPES_OF(4, 1), SHAPES_OF(4, 2)},
+                                                   {SHAPES_OF(8, 1), SHAPES_OF(8, 2)}};
+
+/* rows [m0, m0 + R) against the task's panels [q0, q0 + P), P 1 or 2 */
+static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
+    SHAPES[o->bits == 8][P - 1][R - 1](w, o, codes, m0, q0);
+}
+#else   /* the same arithmetic one output at a time, for builds without AVX512-VNNI */
+
+static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
+    const int64_t subs = w->K / 32;
+    for (int r = 0; r < R; r++)
+        for (int q = q0; q < q0 + P; q++)
+            for (int j = 0; j < LANES && LANES * (o->p0 + q) + j < o->N; j++) {
+                float acc = 0.0f;
+                for (int64_t s = 0; s < subs; s++) {
+                    const uint8_t *laid = codes + (q * subs + s) * QUAD_BYTES;
+                    const int64_t at = sub_at(w->K, m0 + r, s);
+                    int32_t S = 0;
+                    for (int k = 0; k < 32; k++) {
+                        const int8_t *quad = (const int8_t *)(w->rows.quads + quad_at(w->K, m0 + r, QUADS * s + k / 4));
+                        S += (int32_t)laid[64 * (k / 4) + 4 * j + k % 4] * quad[k % 4];
+                    }
+                    if (o->bits == 8) S -= w->rows.q128[at];
+                    const float *ac = scales_of(w, o, o->p0 + q, s);
+                    const float scale = ac[j] * w->rows.dx[at];
+                    acc = fmaf((float)S, scale, acc);
+                    if (o->bits == 4) acc = fmaf(ac[LANES + j], w->rows.dxq[at], acc);
+                }
+                const int64_t n = LANES * (o->p0 + q) + j;
+                o->y[(m0 + r) * o->N + n] = o->bias ? acc + o->bias[n] : acc;
+            }
+}
+#endif
+
+static int64_t panel_groups(int64_t N) { return (N + PANELS_A_TASK * LANES - 1) / (PANELS_A_TASK * LANES); }
+
+/* task: (weight, panel group, row tile), row tiles innermost so a slot's next task mostly reuses its codes */
+static void matmul_task(void *context, int64_t task, int slot) {
+    const Work *w = context;
+    const int64_t tile = task % w->row_tiles, subs = w->K / 32;
+    int64_t group = task / w->row_tiles, k = 0, key = group;
+    for (; group >= panel_groups(w->N[k]); k++) group -= panel_groups(w->N[k]);
+    const int64_t panels = (w->N[k] + LANES - 1) / LANES, p0 = group * PANELS_A_TASK;
+    const int64_t here = panels - p0 < PANELS_A_TASK ? panels - p0 : PANELS_A_TASK;
+    const Out o = {w->panels[k], code_bits(w->formats[k]), swarm_code_cell_bytes(w->formats[k]), w->N[k], p0, here,
+                   w->bias[k], w->y[k]};
+    uint8_t *codes = w->scratch + (int64_t)slot * PANELS_A_TASK * subs * QUAD_BYTES;
+    if (w->laid_out[slot] != key) {
+        for (int64_t q = 0; q < here; q++)
+            for (int64_t s = 0; s < subs; s++) lay_out(cell_of(w, &o, p0 + q, s), o.bits, codes + (q * subs + s) * QUAD_BYTES);
+        w->laid_out[slot] = key;
+    }
+    const int64_t stop = (tile + 1) * ROWS_A_TASK < w->M ? (tile + 1) * ROWS_A_TASK : w->M;
+    for (int64_t q0 = 0; q0 < here; q0 += 2)
+        for (int64_t m0 = tile * ROWS_A_TASK; m0 < stop; m0 += STEP_ROWS)
+            rows_step(stop - m0 < STEP_ROWS ? (int)(stop - m0) : STEP_ROWS, here - q0 >= 2 ? 2 : 1, w, &o, codes, m0,
+                      q0);
+}
+
+static void release(Work *w) {
+    free(w->rows.quads);
+    free(w->rows.dx);
+    free(w->rows.dxq);
+    free(w->rows.q128);
+    free(w->scratch);
+    free(w->laid_out);
+}
+
+/* y[w] = x @ W[w].T + bias[w] (bias[w] may be NULL) for weights packed by swarm_code_pack, formats[w] their GGML
+   type codes (Q4_0, Q4_1, Q4_K, Q8_0); K a multiple of 32. Returns -1 (y untouched) when memory runs out. */
+int swarm_code_prompt_many(const float *x, int64_t M, int64_t K, int64_t count, const uint8_t *const *panels,
+                           const int *formats, const int64_t *N, const float *const *bias, float *const *y,
+                           int threads) {
+    if (threads < 1) threads = 1;
+    const int64_t subs = K / 32;
+    const int64_t padded = (M + STEP_ROWS - 1) / STEP_ROWS * STEP_ROWS;
+    Work w = {x, {malloc((size_t)(padded * K) + 1), malloc(sizeof(float) * (size_t)(padded * subs + 1)),
+                  malloc(sizeof(float) * (size_t)(padded * subs + 1)),
+                  malloc(sizeof(int32_t) * (size_t)(padded * subs + 1))},
+              M, K, panels, formats, N, bias, y,
+              malloc((size_t)(threads * PANELS_A_TASK * subs * QUAD_BYTES) + 1),
+              malloc(sizeof(int64_t) * (size_t)threads), (M + ROWS_A_TASK - 1) / ROWS_A_TASK};
+    if (!w.rows.quads || !w.rows.dx || !w.rows.dxq || !w.rows.q128 || !w.scratch || !w.laid_out) {
+        release(&w);
+        return -1;
+    }
+    for (int t = 0; t < threads; t++) w.laid_out[t] = -1;
+    swarm_pool_run(quantize_task, &w, (M + ROWS_A_QUANTIZE_TASK - 1) / ROWS_A_QUANTIZE_TASK, threads);
+    int64_t groups = 0;
+    for (int64_t k = 0; k < count; k++) groups += panel_groups(N[k]);
+    swarm_pool_run(matmul_task, &w, groups * w.row_tiles, threads);
+    release(&w);
+    return 0;
+}
+
+/* 1 where this build multiplies on AVX512-VNNI, 0 where it runs the plain C code (same bits, far slower) */
+int swarm_code_prompt_native(void) {
+#if defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
