@@ -43,7 +43,7 @@ def code_panels_bytes(layers: list[QuantizedLinear]) -> int:
 
 def can_use(device: torch.device, precisions: Precisions) -> bool:
     """Code panels serve decode rows in bfloat16 products, on a build that multiplies them natively."""
-    return (device.type == "cpu" and precisions.decode == "bfloat16" and code_matmul.available()
+    return (device.type == "cpu" and precisions.decode in ("bfloat16", "int8") and code_matmul.available()
             and code_matmul.native())
 
 

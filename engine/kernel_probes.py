@@ -87,15 +87,18 @@ def panels_probed() -> bool:
 
 def layout_speedups(budget_s: float) -> dict[str, dict[str, float]]:
     """{"panels" and "codes": {rows: the decode matmul's time from a PANELS_SHAPE Q4_1 weight's blocks over its
-    time from that layout}}, bfloat16 products, DECODE_ROWS rows, the three timed side by side (budget_s: per
-    (layout, rows))."""
-    from kernels.cpu import bf16_matmul, code_matmul
+    time from that layout}}, bfloat16 products, DECODE_ROWS rows; and "int8": the same from its code panels in
+    integer products, where they are native; all timed side by side (budget_s: per (layout, rows))."""
+    from kernels.cpu import bf16_matmul, code_matmul, code_prompt
     from kernels.cpu.weight_set import WeightSet
     weight = random_q4_1(*PANELS_SHAPE)
+    codes = [code_matmul.pack(weight)]
     sets = {"blocks": WeightSet([weight], [None], bf16=True),
             "panels": WeightSet([weight], [None], bf16=True, panels=[bf16_matmul.pack_quantized(weight)]),
-            "codes": WeightSet([weight], [None], bf16=True, code_panels=[code_matmul.pack(weight)])}
-    speedups: dict[str, dict[str, float]] = {"panels": {}, "codes": {}}
+            "codes": WeightSet([weight], [None], bf16=True, code_panels=codes)}
+    if code_prompt.native():
+        sets["int8"] = WeightSet([weight], [None], code_panels=codes, int8=True)
+    speedups: dict[str, dict[str, float]] = {layout: {} for layout in sets if layout != "blocks"}
     for rows in DECODE_ROWS:
         x = torch.randn(rows, PANELS_SHAPE[1], generator=torch.Generator().manual_seed(0))
         seconds = fastest_each({name: (lambda s=s: s(x)) for name, s in sets.items()}, 3 * budget_s)

@@ -61,10 +61,13 @@ class LLMEngine:
         if self.device.type == "cpu":
             keep_freed_memory()
         loaded = load_model(self.source, self.config, self.device, self.dtype, options)
-        use_decode_products(loaded.net, self.decode_precision)
         self.code_panels = choose_code_panels(options.code_panels, self.device, precisions, loaded.net)
-        if self.prompt_precision == prompt_matmul.INT8_KERNEL and not self.code_panels:
-            self.prompt_precision = prompt_matmul.KERNEL   # integer products read code panels: none kept here
+        if not self.code_panels:   # integer products read code panels: none kept here
+            if self.prompt_precision == prompt_matmul.INT8_KERNEL:
+                self.prompt_precision = prompt_matmul.KERNEL
+            if self.decode_precision == "int8":
+                self.decode_precision = "bfloat16"
+        use_decode_products(loaded.net, self.decode_precision)
         self.packed_weights = choose_panels(options.packed_weights, self.device, precisions, loaded.net,
                                             self.code_panels)
         self.weights = self._laid_out(loaded)

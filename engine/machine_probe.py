@@ -28,6 +28,8 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
                       bfloat16 products from a PANELS_SHAPE Q4_1 weight's blocks over its time from the same
                       weight's bfloat16 panels (engine/packed_weights.py), both from memory, timed side by side:
                       above 1, panels are faster here.
+    int8_speedup      the same in integer products from the code panels (kernels/cpu/code_prompt.py), where
+                      they are native, for `dtype: auto`'s choice of the decode rows' products.
     codes_speedup     the same, the decode matmul's time from the weight's blocks over its time from its code
                       panels (engine/code_panels.py), timed side by side with the other two.
 
@@ -102,6 +104,7 @@ class MachineProbe:
     decode_flop_s: dict[str, dict[str, float]] = field(default_factory=dict)   # per precision, per rows ("1", "8")
     panels_speedup: dict[str, float] = field(default_factory=dict)             # per rows: blocks' time / panels'
     codes_speedup: dict[str, float] = field(default_factory=dict)              # per rows: blocks' / code panels'
+    int8_speedup: dict[str, float] = field(default_factory=dict)   # per rows: blocks' / code panels' in int8
     from_cache: bool = field(default=False, compare=False)
 
     @property
@@ -124,7 +127,8 @@ class MachineProbe:
         return cls(data["cpu"], data["cores"], list(data["flags"]), data["threads"], data["torch_version"],
                    rates, data["read_bytes_per_s"], data["probe_s"], dict(data.get("attention_flop_s", {})),
                    {precision: dict(rows) for precision, rows in data.get("decode_flop_s", {}).items()},
-                   dict(data.get("panels_speedup", {})), dict(data.get("codes_speedup", {})), from_cache=True)
+                   dict(data.get("panels_speedup", {})), dict(data.get("codes_speedup", {})),
+                   dict(data.get("int8_speedup", {})), from_cache=True)
 
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
@@ -157,12 +161,19 @@ def cached_probe(reprobe: bool = False, budget_s: dict[str, float] = BUDGET_S) -
         if (cached is not None and set(cached.matmul_flop_s) >= set(probed_paths())
                 and set(cached.attention_flop_s) >= set(attention_precisions())
                 and set(cached.decode_flop_s) >= set(decode_precisions())
-                and ((cached.panels_speedup and cached.codes_speedup) or not panels_probed())):
+                and ((cached.panels_speedup and cached.codes_speedup) or not panels_probed())
+                and (cached.int8_speedup or not int8_probed())):
             return cached
     probe = probe_machine(budget_s)
     entries[probe.key] = probe.to_json()
     _write_cache(path, entries)
     return probe
+
+
+def int8_probed() -> bool:
+    """Whether a probe times the decode matmul in integer products: beside the panels, where they are native."""
+    from kernels.cpu import code_prompt
+    return panels_probed() and code_prompt.native()
 
 
 def probed_paths() -> list[str]:
@@ -184,7 +195,7 @@ def probe_machine(budget_s: dict[str, float] = BUDGET_S) -> MachineProbe:
     layouts = layout_speedups(budget_s.get("panels", BUDGET_S["panels"])) if panels_probed() else {}
     return MachineProbe(cpu_model_name(), os.cpu_count() or 1, cpu_flags(), torch.get_num_threads(),
                         torch.__version__, rates, read, time.perf_counter() - began, attention, decode,
-                        layouts.get("panels", {}), layouts.get("codes", {}))
+                        layouts.get("panels", {}), layouts.get("codes", {}), layouts.get("int8", {}))
 
 
 def matmul_rate(dtype: torch.dtype, budget_s: float) -> MatmulRate:

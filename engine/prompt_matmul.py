@@ -93,10 +93,17 @@ def choose_decode(precision: str) -> str:
     PRECISIONS): bfloat16 where prompts take bfloat16 products and the probe measured the C decode matmul's
     bfloat16 products at least DECODE_BF16_SPEEDUP x its float32 ones for 8 rows; float32 otherwise. One
     precision for every decode row, so a row's bits never depend on how many rows its step holds: a lone row's
-    step may be the slower for it (DECODE_ROWS in the probe's decode_flop_s says by how much)."""
+    step may be the slower for it (DECODE_ROWS in the probe's decode_flop_s says by how much). With prompts in
+    integer products: integer products too ("int8", from the code panels the engine then keeps) where the probe
+    timed them faster than the blocks and either panels in bfloat16 for 1 row and for 8 (int8_speedup)."""
     if precision == "float32":
         return "float32"
-    rates = cached_probe().decode_flop_s
+    probe = cached_probe()
+    if precision == INT8_KERNEL and all(
+            probe.int8_speedup.get(rows, 0.0) > max(1.0, probe.codes_speedup.get(rows, 0.0),
+                                                    probe.panels_speedup.get(rows, 0.0)) for rows in ("1", "8")):
+        return "int8"
+    rates = probe.decode_flop_s
     fast = rates.get("bfloat16", {}).get("8", 0.0) >= DECODE_BF16_SPEEDUP * rates.get("float32", {}).get("8", math.inf)
     return "bfloat16" if fast else "float32"
 
@@ -106,7 +113,7 @@ def choose_decode_attention(decode_products: str, prompt_attention: str) -> str:
     bfloat16 products (choose_decode) and the probe measured the attention kernels' bfloat16 products faster
     (choose_attention): the decode kernels multiply as the prompt kernel does, on the same instruction; float32
     otherwise."""
-    return "bfloat16" if decode_products == prompt_attention == "bfloat16" else "float32"
+    return "bfloat16" if decode_products in ("bfloat16", "int8") and prompt_attention == "bfloat16" else "float32"
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,16 +84,18 @@ class QuantizedLinear(nn.Module):
     def weight_set_with(self, others: tuple[QuantizedLinear, ...]) -> WeightSet:
         """The CPU kernel's WeightSet of this layer's weight and then the others', in this layer's decode_products,
         made on first use."""
-        bf16 = self.decode_products == "bfloat16"
         layers = (self, *others)
+        codes = (self.decode_products in ("bfloat16", "int8")
+                 and all(layer.code_panels is not None for layer in layers))
+        int8 = codes and self.decode_products == "int8"
+        bf16 = self.decode_products == "bfloat16" or (self.decode_products == "int8" and not codes)
         packed = bf16 and all(layer.panels is not None for layer in layers)
-        codes = bf16 and all(layer.code_panels is not None for layer in layers)
-        key = (bf16, packed, codes, *(id(layer) for layer in others))
+        key = (bf16, packed, codes, int8, *(id(layer) for layer in others))
         if key not in self._weight_sets:   # the layers stay in the value, so their ids are not reused
             self._weight_sets[key] = layers, WeightSet(
                 [layer.quantized for layer in layers], [layer.bias for layer in layers], bf16=bf16,
                 panels=[layer.panels for layer in layers] if packed else None,
-                code_panels=[layer.code_panels for layer in layers] if codes else None)
+                code_panels=[layer.code_panels for layer in layers] if codes else None, int8=int8)
         return self._weight_sets[key][1]
 
     def extra_repr(self) -> str:
@@ -101,8 +103,9 @@ class QuantizedLinear(nn.Module):
 
 
 def use_decode_products(model: nn.Module, precision: str) -> None:
-    """Every quantized layer of `model` takes `precision` ("float32" or "bfloat16") for the rows the C kernel
-    takes (engine.prompt_matmul.choose_decode); set before the first step."""
+    """Every quantized layer of `model` takes `precision` ("float32", "bfloat16" or "int8": integer products where
+    the layer keeps code panels, bfloat16 ones where not) for the rows the C kernel takes
+    (engine.prompt_matmul.choose_decode); set before the first step."""
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
             module.decode_products = precision

@@ -14,7 +14,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu import bf16_matmul, code_matmul, entry_points, ops
+from kernels.cpu import bf16_matmul, code_matmul, code_prompt, entry_points, ops
 from kernels.cpu.checks import expect_rank, refusal
 from kernels.reference.quant_blocks import QuantizedTensor
 
@@ -25,18 +25,20 @@ OP = "quant_matmul_many"
 class Description(ctypes.Structure):
     _fields_ = [("count", _i64), ("K", _i64), ("q", ctypes.POINTER(_ptr)), ("formats", ctypes.POINTER(_int)),
                 ("N", ctypes.POINTER(_i64)), ("bias", ctypes.POINTER(_ptr)), ("bf16", _i64),
-                ("panels", ctypes.POINTER(_ptr)), ("code_panels", ctypes.POINTER(_ptr))]
+                ("panels", ctypes.POINTER(_ptr)), ("code_panels", ctypes.POINTER(_ptr)), ("int8", _i64)]
 
 
 class WeightSet:
     """`set(x)` is quant_matmul_many(x, weights, biases): for each weight, x @ W.T + bias; with bf16, in bfloat16
     products summed in float32 (quant_matmul_many's bf16, csrc/quant_matmul.c's top). With bf16, `panels` (each
     weight's bfloat16 panels: the prompt kernel's sums) or `code_panels` (each weight's code panels:
-    csrc/code_matmul.c's sums, ahead of panels) multiply instead of the blocks."""
+    csrc/code_matmul.c's sums, ahead of panels) multiply instead of the blocks. With int8 (and code_panels), x's
+    rows are quantized to int8 and multiply the codes in integer products (csrc/code_prompt.c's sums)."""
 
     def __init__(self, weights: list[QuantizedTensor], biases: list[torch.Tensor | None],
                  library: ctypes.CDLL | None = None, bf16: bool = False,
-                 panels: list[torch.Tensor] | None = None, code_panels: list[torch.Tensor] | None = None):
+                 panels: list[torch.Tensor] | None = None, code_panels: list[torch.Tensor] | None = None,
+                 int8: bool = False):
         self.blocks = [weight.blocks for weight in weights]
         self.codes = [entry_points.QUANT_FORMATS[weight.format][0] for weight in weights]
         self.biases = list(biases)
@@ -59,20 +61,26 @@ class WeightSet:
                                             "for bfloat16 products")
         packed = None if panels is None else (_ptr * count)(*(p.data_ptr() for p in panels))
         self.code_panels = code_panels
+        self.int8 = int8
+        if int8 and code_panels is None:
+            raise refusal(OP, "int8", "needs code_panels")
         if code_panels is not None:
-            if not bf16:
-                raise refusal(OP, "code_panels", "need bfloat16 products")
+            if not (bf16 or int8):
+                raise refusal(OP, "code_panels", "need bfloat16 or integer products")
             for panels_of, weight in zip(code_panels, weights):
                 code_matmul.expect_panels(panels_of, weight.format, *weight.shape)
         code_array = None if code_panels is None else (_ptr * count)(*(p.data_ptr() for p in code_panels))
         self._packed = packed, code_array
         self.description = Description(count, self.cols, *self._arrays, int(bf16), packed,
-                                       code_array)   # swarm_weight_set
+                                       code_array, int(int8))   # swarm_weight_set
         self._by_reference = ctypes.byref(self.description)
         self._outputs = _ptr * count
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self._library is None and ops.torch_is_watching():
+            if self.int8:
+                formats = [entry_points.FORMAT_OF_CODE[code] for code in self.codes]
+                return code_prompt.linear_many(x, self.code_panels, formats, self.rows, self.biases)
             if self.code_panels is not None:
                 return [code_matmul.matmul(x, panels, entry_points.FORMAT_OF_CODE[code], rows, bias)
                         for panels, code, rows, bias in zip(self.code_panels, self.codes, self.rows, self.biases)]

@@ -68,6 +68,34 @@ def test_decode_rows_get_the_same_bits_shared_or_alone_and_logits_close_to_the_b
         torch.testing.assert_close(logits[0], want_logits[0], rtol=0.0, atol=0.02 * scale)
 
 
+@pytest.mark.parametrize("variant,weights", [("llama", "q4_1"), ("qwen3", "q4_0"), ("llama", "q8_0")])
+def test_in_integer_products_rows_get_the_same_bits_shared_or_alone_and_logits_close_to_float32(
+        tiny_model_dir, variant, weights, monkeypatch):
+    """Prompt and decode rows in integer products, as auto takes them where the probe timed them fastest (on any
+    CPU: the plain builds where there is no AVX512-VNNI)."""
+    from engine import prompt_matmul
+    from engine.machine_probe import INT8_KERNEL
+
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: INT8_KERNEL)
+    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "int8")
+    folder = str(tiny_model_dir(variant))
+    _, prompts = swarm_prompts(trunk_len=300, suffix_len=30, agents=4, seed=12)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    int8 = engine(folder, weights)
+    assert int8.kernels()["prompt_products"] == INT8_KERNEL and int8.kernels()["decode_products"] == "int8"
+    together, mixed = run_with_logits(int8, prompts, params)
+    assert mixed > 0, "no prompt was computed beside decode rows"
+    unshared = engine(folder, weights, enable_prefix_caching=False)
+    alone = [run_with_logits(unshared, [prompt], params)[0][0] for prompt in prompts]
+    for run in (run_with_logits(unshared, prompts, params)[0], alone):
+        for (tokens, logits), (want_tokens, want_logits) in zip(run, together):
+            assert tokens == want_tokens and torch.equal(logits, want_logits)
+    exact = engine(folder, weights, dtype="float32")
+    for (tokens, logits), (_, want_logits) in zip(together, run_with_logits(exact, [p for p in prompts], params)[0]):
+        scale = want_logits[0].abs().max()   # the prompts' last rows: before any token could differ
+        torch.testing.assert_close(logits[0], want_logits[0], rtol=0.0, atol=0.03 * scale)
+
+
 def test_the_engine_counts_the_code_panels_beside_the_blocks(tiny_model_dir, bfloat16_products):
     from engine.code_panels import code_layers, code_panels_bytes
     from engine.packed_weights import quantized_layers

@@ -15,6 +15,7 @@ from engine.machine_probe import (
     bf16_mode_sums_in_float32,
     cache_path,
     cached_probe,
+    int8_probed,
     panels_probed,
     probe_machine,
 )
@@ -81,15 +82,17 @@ def test_runs_compared_with_each_other_are_timed_in_turn_and_each_keeps_its_fast
 
 def test_panels_are_timed_against_blocks_for_one_row_and_eight_where_the_bfloat16_kernels_are_native():
     probe = probe_machine(SHORT)
+    assert bool(probe.int8_speedup) == int8_probed()
     if not panels_probed():
         assert probe.panels_speedup == probe.codes_speedup == {}
         return
-    for speedups in (probe.panels_speedup, probe.codes_speedup):
+    for speedups in (probe.panels_speedup, probe.codes_speedup, *([probe.int8_speedup] if int8_probed() else [])):
         assert set(speedups) == {"1", "8"}
         assert all(0 < speedup < math.inf for speedup in speedups.values())
 
 
-@pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s", "panels_speedup", "codes_speedup"])
+@pytest.mark.parametrize("rates", ["attention_flop_s", "decode_flop_s", "panels_speedup", "codes_speedup",
+                                   "int8_speedup"])
 def test_a_cached_entry_without_the_kernels_rates_is_probed_again(cache_dir, rates):
     first = cached_probe(budget_s=SHORT)
     if not getattr(first, rates):

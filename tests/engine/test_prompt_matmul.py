@@ -103,9 +103,10 @@ def kernels_from_the_shared_cache():
 
 def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kernel_flop_s: float = 1e10,
                 attention: dict[str, float] | None = None, decode: dict[str, dict[str, float]] | None = None,
-                int8_flop_s: float = 1e10) -> None:
+                int8_flop_s: float = 1e10, int8_speedup: dict[str, float] | None = None) -> None:
     """A cached probe of this machine with these rates; attention: the prompt attention's, per precision; decode:
-    the decode matmul's, per precision and rows."""
+    the decode matmul's, per precision and rows; int8_speedup: the decode matmul's in integer products over the
+    blocks' (the bfloat16 layouts' are 1.0 and 2.0)."""
     probe = MachineProbe("cpu", 1, [], torch.get_num_threads(), torch.__version__,
                          {"float32": MatmulRate(1e11, (2048, 576, 1536), True),
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
@@ -113,7 +114,7 @@ def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kern
                           INT8_KERNEL: MatmulRate(int8_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
                          attention or {"float32": 1e11, "bfloat16": 1e11},
                          decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")},
-                         {"1": 1.0, "8": 1.0}, {"1": 1.0, "8": 1.0})
+                         {"1": 1.0, "8": 1.0}, {"1": 2.0, "8": 1.0}, int8_speedup or {"1": 0.5, "8": 0.5})
     key = this_machine_key()
     cache_path().parent.mkdir(parents=True, exist_ok=True)
     cache_path().write_text(json.dumps({key: {**probe.to_json(), "key": key}}))
@@ -162,8 +163,23 @@ def test_decode_rows_take_bfloat16_where_the_probe_measured_eight_of_them_faster
     assert prompt_matmul.choose_decode(precision) == expected
 
 
+@pytest.mark.parametrize(("precision", "int8_speedup", "expected"),
+                         [(INT8_KERNEL, {"1": 2.5, "8": 1.5}, "int8"), (INT8_KERNEL, {"1": 1.9, "8": 1.5}, "bfloat16"),
+                          (INT8_KERNEL, {"1": 2.5, "8": 0.9}, "bfloat16"), (KERNEL, {"1": 2.5, "8": 1.5}, "bfloat16")])
+def test_decode_rows_take_integer_products_where_prompts_do_and_the_probe_timed_them_fastest(
+        monkeypatch, tmp_path, precision, int8_speedup, expected):
+    """Against the blocks, the bfloat16 panels (1.0) and code panels (2.0 for a lone row) timed beside them."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    rates = {"float32": {"1": 5e10, "8": 1e11}, "bfloat16": {"1": 5e10, "8": 3e11}}
+    write_probe(3e11, decode=rates, int8_speedup=int8_speedup)
+    monkeypatch.setattr("engine.machine_probe.decode_precisions", lambda: list(rates))
+    monkeypatch.setattr("engine.machine_probe.int8_probed", lambda: True)
+    assert prompt_matmul.choose_decode(precision) == expected
+
+
 @pytest.mark.parametrize(("products", "prompt_attention", "expected"),
                          [("bfloat16", "bfloat16", "bfloat16"), ("bfloat16", "float32", "float32"),
+                          ("int8", "bfloat16", "bfloat16"), ("int8", "float32", "float32"),
                           ("float32", "bfloat16", "float32"), ("float32", "float32", "float32")])
 def test_decode_attention_takes_bfloat16_where_decode_rows_and_the_prompts_attention_do(products, prompt_attention,
                                                                                          expected):

@@ -38,6 +38,7 @@
 #define QUADS 8                        /* 4-code groups a sub-block */
 #define QUAD_BYTES (QUADS * 4 * LANES)  /* a panel's codes of one sub-block, laid out: 512 */
 #define ROWS_A_QUANTIZE_TASK 32
+#define IN_CELLS_ROWS 8                /* rows up to which a call expands the codes from the cells, step by step */
 
 typedef struct {   /* x quantized, rows in groups of STEP_ROWS side by side (a step's operands a pointer apart):
                       quads [M / STEP_ROWS][K / 4][STEP_ROWS] (4 int8 codes each; quad_at), and per sub-block
@@ -148,55 +149,47 @@ static inline const float *scales_of(const Work *w, const Out *o, int64_t p, int
     return (const float *)(cell_of(w, o, p, s) + o->cell_bytes - 2 * LANES * 4);
 }
 
-/* panel p's codes of sub-block s as vpdpbusd's unsigned operands: quad g, lane j holds output j's codes of values
-   4 g ... 4 g + 3 (Q8_0's + 128) */
-static void lay_out(const uint8_t *cell, int bits, uint8_t *out) {
-#if defined(__AVX512F__)
-    const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F), sign = _mm512_set1_epi32((int)0x80808080u);
-    for (int g = 0; g < QUADS; g++) {
-        __m512i quad;
-        if (bits == 4) {   /* bytes 2 j, 2 j + 1: the low nibbles values 4 g, 4 g + 1, the high ones 4 g + 2, 4 g + 3 */
-            const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 32 * g)));
-            quad = _mm512_ternarylogic_epi32(words, _mm512_slli_epi32(words, 12), nibbles, 0xA8);   /* (a | b) & c */
-        } else {           /* pairs 2 g and 2 g + 1 */
-            const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g)));
-            const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g + 32)));
-            quad = _mm512_xor_si512(_mm512_or_si512(low, _mm512_slli_epi32(high, 16)), sign);
-        }
-        _mm512_storeu_si512(out + 64 * g, quad);
+#if defined(__AVX512VNNI__)
+/* quad g of a cell's codes as vpdpbusd's unsigned operands: lane j holds output j's codes of values 4 g ... 4 g + 3
+   (Q8_0's + 128) */
+static inline __attribute__((always_inline)) __m512i laid_quad(const uint8_t *cell, int bits, int g) {
+    if (bits == 4) {   /* bytes 2 j, 2 j + 1: the low nibbles values 4 g, 4 g + 1, the high ones 4 g + 2, 4 g + 3 */
+        const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 32 * g)));
+        return _mm512_ternarylogic_epi32(words, _mm512_slli_epi32(words, 12), _mm512_set1_epi32(0x0F0F0F0F),
+                                         0xA8);   /* (a | b) & c */
     }
-#else
-    for (int g = 0; g < QUADS; g++)
-        for (int j = 0; j < LANES; j++)
-            for (int e = 0; e < 4; e++) {
-                const int value = 4 * g + e;
-                out[64 * g + 4 * j + e] = bits == 4
-                    ? (uint8_t)(cell[32 * (value / 4) + 2 * j + value % 2] >> 4 * (value % 4 / 2) & 0x0F)
-                    : (uint8_t)(cell[32 * (value / 2) + 2 * j + value % 2] ^ 0x80);
-            }
-#endif
+    const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g)));   /* pair 2 g */
+    const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(cell + 64 * g + 32)));
+    return _mm512_xor_si512(_mm512_or_si512(low, _mm512_slli_epi32(high, 16)), _mm512_set1_epi32((int)0x80808080u));
 }
 
-#if defined(__AVX512VNNI__)
-/* rows [m0, m0 + R) x the task's panels [q0, q0 + P) */
-static inline __attribute__((always_inline)) void step(int bits, int R, int P, const Work *w, const Out *o,
-                                                       const uint8_t *codes, int64_t m0, int64_t q0) {
+/* panel p's codes of sub-block s laid out for the steps of prompt rows: quad g at out + 64 g */
+static void lay_out(const uint8_t *cell, int bits, uint8_t *out) {
+    for (int g = 0; g < QUADS; g++) _mm512_storeu_si512(out + 64 * g, laid_quad(cell, bits, g));
+}
+
+/* rows [m0, m0 + R) x the task's panels [q0, q0 + P); their codes laid out (lay_out) or, with `in_cells`, expanded
+   from the cells for these rows alone (a decode step's few rows: laying a weight out would cost more than its
+   products) */
+static inline __attribute__((always_inline)) void step(int bits, int in_cells, int R, int P, const Work *w,
+                                                       const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
     const int64_t subs = w->K / 32;
     const int32_t *quads = w->rows.quads + quad_at(w->K, m0, 0);   /* m0: a multiple of STEP_ROWS */
     const float *dx = w->rows.dx + sub_at(w->K, m0, 0), *dxq = w->rows.dxq + sub_at(w->K, m0, 0);
     const int32_t *q128 = w->rows.q128 + sub_at(w->K, m0, 0);
-    __m512 acc[STEP_ROWS][2];
+    __m512 acc[STEP_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int q = 0; q < P; q++) acc[r][q] = _mm512_setzero_ps();
     for (int64_t s = 0; s < subs; s++) {
-        __m512i sum[STEP_ROWS][2];
+        __m512i sum[STEP_ROWS][4];
         for (int r = 0; r < R; r++)
             for (int q = 0; q < P; q++) sum[r][q] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int g = 0; g < QUADS; g++) {
-            __m512i weights[2];
+            __m512i weights[4];
             for (int q = 0; q < P; q++)
-                weights[q] = _mm512_loadu_si512(codes + ((q0 + q) * subs + s) * QUAD_BYTES + 64 * g);
+                weights[q] = in_cells ? laid_quad(cell_of(w, o, o->p0 + q0 + q, s), bits, g)
+                                      : _mm512_loadu_si512(codes + ((q0 + q) * subs + s) * QUAD_BYTES + 64 * g);
             for (int r = 0; r < R; r++) {
                 const __m512i xs = _mm512_set1_epi32(quads[(QUADS * s + g) * STEP_ROWS + r]);
                 for (int q = 0; q < P; q++) sum[r][q] = _mm512_dpbusd_epi32(sum[r][q], weights[q], xs);
@@ -226,42 +219,52 @@ static inline __attribute__((always_inline)) void step(int bits, int R, int P, c
 }
 
 /* each step shape its own function: inlined into one, GCC left their sums on the stack */
-#define STEP_OF(B, R, P) \
-    static void step_##B##_##R##_##P(const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) { \
-        step(B, R, P, w, o, codes, m0, q0); \
+#define STEP_OF(B, C, R, P) \
+    static void step_##B##_##C##_##R##_##P(const Work *w, const Out *o, const uint8_t *codes, int64_t m0, \
+                                           int64_t q0) { \
+        step(B, C, R, P, w, o, codes, m0, q0); \
     }
-#define STEPS_OF(B, P) STEP_OF(B, 1, P) STEP_OF(B, 2, P) STEP_OF(B, 3, P) STEP_OF(B, 4, P) STEP_OF(B, 5, P) \
-    STEP_OF(B, 6, P)
-STEPS_OF(4, 1)
-STEPS_OF(4, 2)
-STEPS_OF(8, 1)
-STEPS_OF(8, 2)
+#define STEPS_OF(B, C, P) STEP_OF(B, C, 1, P) STEP_OF(B, C, 2, P) STEP_OF(B, C, 3, P) STEP_OF(B, C, 4, P) \
+    STEP_OF(B, C, 5, P) STEP_OF(B, C, 6, P)
+#define ALL_STEPS_OF(B, C) STEPS_OF(B, C, 1) STEPS_OF(B, C, 2) STEP_OF(B, C, 1, 4) STEP_OF(B, C, 2, 4)
+ALL_STEPS_OF(4, 0)
+ALL_STEPS_OF(8, 0)
+ALL_STEPS_OF(4, 1)
+ALL_STEPS_OF(8, 1)
 
 typedef void (*step_shape)(const Work *, const Out *, const uint8_t *, int64_t, int64_t);
-#define SHAPES_OF(B, P) {step_##B##_1_##P, step_##B##_2_##P, step_##B##_3_##P, step_##B##_4_##P, step_##B##_5_##P, \
-                         step_##B##_6_##P}
-static const step_shape SHAPES[2][2][STEP_ROWS] = {{SHAPES_OF(4, 1), SHAPES_OF(4, 2)},
-                                                   {SHAPES_OF(8, 1), SHAPES_OF(8, 2)}};
+#define SHAPES_OF(B, C, P) {step_##B##_##C##_1_##P, step_##B##_##C##_2_##P, step_##B##_##C##_3_##P, \
+                            step_##B##_##C##_4_##P, step_##B##_##C##_5_##P, step_##B##_##C##_6_##P}
+#define WIDE_OF(B, C) {step_##B##_##C##_1_4, step_##B##_##C##_2_4, NULL, NULL, NULL, NULL}
+#define ALL_OF(B, C) {SHAPES_OF(B, C, 1), SHAPES_OF(B, C, 2), WIDE_OF(B, C)}
+static const step_shape SHAPES[2][2][3][STEP_ROWS] = {{ALL_OF(4, 0), ALL_OF(8, 0)}, {ALL_OF(4, 1), ALL_OF(8, 1)}};
 
-/* rows [m0, m0 + R) against the task's panels [q0, q0 + P), P 1 or 2 */
+/* rows [m0, m0 + R) against the task's panels [q0, q0 + P), P 1, 2 or (R <= 2) 4; codes NULL: from the cells */
 static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
-    SHAPES[o->bits == 8][P - 1][R - 1](w, o, codes, m0, q0);
+    SHAPES[codes == NULL][o->bits == 8][P == 4 ? 2 : P - 1][R - 1](w, o, codes, m0, q0);
 }
 #else   /* the same arithmetic one output at a time, for builds without AVX512-VNNI */
 
+/* row j's code of value k of a cell as vpdpbusd's unsigned operand (Q8_0's + 128) */
+static int32_t code_of(const uint8_t *cell, int bits, int j, int k) {
+    if (bits == 4) return cell[32 * (k / 4) + 2 * j + k % 2] >> 4 * (k % 4 / 2) & 0x0F;
+    return (uint8_t)(cell[32 * (k / 2) + 2 * j + k % 2] ^ 0x80);
+}
+
 static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
+    (void)codes;
     const int64_t subs = w->K / 32;
     for (int r = 0; r < R; r++)
         for (int q = q0; q < q0 + P; q++)
             for (int j = 0; j < LANES && LANES * (o->p0 + q) + j < o->N; j++) {
                 float acc = 0.0f;
                 for (int64_t s = 0; s < subs; s++) {
-                    const uint8_t *laid = codes + (q * subs + s) * QUAD_BYTES;
+                    const uint8_t *cell = cell_of(w, o, o->p0 + q, s);
                     const int64_t at = sub_at(w->K, m0 + r, s);
                     int32_t S = 0;
                     for (int k = 0; k < 32; k++) {
                         const int8_t *quad = (const int8_t *)(w->rows.quads + quad_at(w->K, m0 + r, QUADS * s + k / 4));
-                        S += (int32_t)laid[64 * (k / 4) + 4 * j + k % 4] * quad[k % 4];
+                        S += code_of(cell, o->bits, j, k) * quad[k % 4];
                     }
                     if (o->bits == 8) S -= w->rows.q128[at];
                     const float *ac = scales_of(w, o, o->p0 + q, s);
@@ -287,17 +290,27 @@ static void matmul_task(void *context, int64_t task, int slot) {
     const int64_t here = panels - p0 < PANELS_A_TASK ? panels - p0 : PANELS_A_TASK;
     const Out o = {w->panels[k], code_bits(w->formats[k]), swarm_code_cell_bytes(w->formats[k]), w->N[k], p0, here,
                    w->bias[k], w->y[k]};
-    uint8_t *codes = w->scratch + (int64_t)slot * PANELS_A_TASK * subs * QUAD_BYTES;
-    if (w->laid_out[slot] != key) {
-        for (int64_t q = 0; q < here; q++)
-            for (int64_t s = 0; s < subs; s++) lay_out(cell_of(w, &o, p0 + q, s), o.bits, codes + (q * subs + s) * QUAD_BYTES);
+    uint8_t *codes = NULL;
+#if defined(__AVX512VNNI__)
+    if (w->M > IN_CELLS_ROWS) {
+        codes = w->scratch + (int64_t)slot * PANELS_A_TASK * subs * QUAD_BYTES;
+        if (w->laid_out[slot] != key)
+            for (int64_t q = 0; q < here; q++)
+                for (int64_t s = 0; s < subs; s++)
+                    lay_out(cell_of(w, &o, p0 + q, s), o.bits, codes + (q * subs + s) * QUAD_BYTES);
         w->laid_out[slot] = key;
     }
+#else
+    (void)key;
+#endif
     const int64_t stop = (tile + 1) * ROWS_A_TASK < w->M ? (tile + 1) * ROWS_A_TASK : w->M;
-    for (int64_t q0 = 0; q0 < here; q0 += 2)
+    for (int64_t q0 = 0; q0 < here;) {
+        const int wide = stop - tile * ROWS_A_TASK <= 2 && here - q0 == 4;   /* 1-2 rows: 4 panels' chains at once */
+        const int P = wide ? 4 : here - q0 >= 2 ? 2 : 1;
         for (int64_t m0 = tile * ROWS_A_TASK; m0 < stop; m0 += STEP_ROWS)
-            rows_step(stop - m0 < STEP_ROWS ? (int)(stop - m0) : STEP_ROWS, here - q0 >= 2 ? 2 : 1, w, &o, codes, m0,
-                      q0);
+            rows_step(stop - m0 < STEP_ROWS ? (int)(stop - m0) : STEP_ROWS, P, w, &o, codes, m0, q0);
+        q0 += P;
+    }
 }
 
 static void release(Work *w) {
@@ -321,14 +334,18 @@ int swarm_code_prompt_many(const float *x, int64_t M, int64_t K, int64_t count, 
                   malloc(sizeof(float) * (size_t)(padded * subs + 1)),
                   malloc(sizeof(int32_t) * (size_t)(padded * subs + 1))},
               M, K, panels, formats, N, bias, y,
-              malloc((size_t)(threads * PANELS_A_TASK * subs * QUAD_BYTES) + 1),
+              aligned_alloc(64, (size_t)(threads * PANELS_A_TASK * subs * QUAD_BYTES) + 64),
               malloc(sizeof(int64_t) * (size_t)threads), (M + ROWS_A_TASK - 1) / ROWS_A_TASK};
     if (!w.rows.quads || !w.rows.dx || !w.rows.dxq || !w.rows.q128 || !w.scratch || !w.laid_out) {
         release(&w);
         return -1;
     }
     for (int t = 0; t < threads; t++) w.laid_out[t] = -1;
-    swarm_pool_run(quantize_task, &w, (M + ROWS_A_QUANTIZE_TASK - 1) / ROWS_A_QUANTIZE_TASK, threads);
+    const int64_t quantize_tasks = (M + ROWS_A_QUANTIZE_TASK - 1) / ROWS_A_QUANTIZE_TASK;
+    if (M <= IN_CELLS_ROWS)   /* a few rows: on this thread, sooner than waking the others */
+        for (int64_t t = 0; t < quantize_tasks; t++) quantize_task(&w, t, 0);
+    else
+        swarm_pool_run(quantize_task, &w, quantize_tasks, threads);
     int64_t groups = 0;
     for (int64_t k = 0; k < count; k++) groups += panel_groups(N[k]);
     swarm_pool_run(matmul_task, &w, groups * w.row_tiles, threads);

@@ -9,7 +9,7 @@
  * result does not depend on what it is batched with.
  * A weight set in bfloat16 products (swarm_weight_set's bf16) goes to quant_matmul_bf16.c, whose top says its sums
  * (with panels, engine/packed_weights.py's, to its swarm_packed_matmul_many: swarm_bf16_matmul's sums; with
- * code panels, engine/code_panels.py's, to code_matmul.c);
+ * code panels, engine/code_panels.py's, to code_matmul.c); one in integer products (int8) to code_prompt.c;
  * its library is always the -march=native build, whichever build of this file kernels/cpu/build_choice.py picks.
  * Built by kernels/cpu/native.py; called through kernels/cpu/entry_points.py.
  */
@@ -19,6 +19,7 @@
 
 #include "quant_columns.h"
 #include "code_matmul.h"
+#include "code_prompt.h"
 #include "quant_matmul.h"
 #include "quant_matmul_bf16.h"   /* its library: kernels/cpu/native.py links the kernels whose headers a source names */
 #include "task_pool.h"
@@ -77,6 +78,9 @@ void swarm_quant_matmul_many(const float *x, int64_t M, int64_t K, int64_t count
 }
 
 int swarm_quant_matmul_set(const swarm_weight_set *set, const float *x, int64_t M, float *const *y, int threads) {
+    if (set->int8 && set->code_panels)
+        return swarm_code_prompt_many(x, M, set->K, set->count, set->code_panels, set->formats, set->N, set->bias, y,
+                                      threads);
     if (set->bf16 && set->code_panels)
         return swarm_code_matmul_many(x, M, set->K, set->count, set->code_panels, set->formats, set->N, set->bias, y,
                                       threads);

@@ -16,6 +16,7 @@ typedef struct {
                                         (engine/packed_weights.py), multiplied as a prompt's rows are */
     const uint8_t *const *code_panels;   /* bf16 only, or NULL: each weight's code panels (code_matmul.c,
                                             engine/code_panels.py), ahead of panels */
+    int64_t int8;   /* with code_panels: 1, integer products of x's rows quantized to int8 (code_prompt.c) */
 } swarm_weight_set;
 
 /* y[w] = x @ W[w].T + bias[w] for each weight w of the set; x: [M, K] float32, y[w]: [M, N[w]]. Returns -1 (y

@@ -106,7 +106,7 @@ def test_panels_the_kernel_would_misread_are_refused(bad):
         panels[2] = panels[0]
     if bad == "int32":
         panels[0] = panels[0].view(torch.int32)
-    message = "code_panels need bfloat16 products" if bad == "float32 products" else "panels must"
+    message = "code_panels need bfloat16 or integer products" if bad == "float32 products" else "panels must"
     with pytest.raises(KernelError, match=rf"swarm::(quant_matmul_many|code_matmul): {message}"):
         WeightSet(weights, biases, bf16=bad != "float32 products", code_panels=panels)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels.cpu import code_matmul, code_prompt
+from kernels.cpu.weight_set import WeightSet
 from kernels.errors import KernelError
 from tests.helpers import portable_kernels as portable
 from tests.helpers.quant_weights import any_blocks, gguf_values, weight_of
@@ -105,3 +106,27 @@ def test_panels_of_another_shape_and_columns_not_a_multiple_of_32_are_refused():
         code_prompt.linear(torch.randn(2, 256), panels, "Q4_1", 60)
     with pytest.raises(KernelError, match="multiple of 32"):
         code_prompt.linear(torch.randn(2, 250), panels, "Q4_1", 37)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9])   # a decode step's rows, from the cells; past them, laid out
+def test_a_weight_set_in_integer_products_gives_each_weight_the_kernels_bits(rows):
+    weights = [weight_of(format, rows=count, cols=640, seed=count)[0] for format, count in (("Q4_0", 48),
+                                                                                            ("Q8_0", 16),
+                                                                                            ("Q4_1", 9))]
+    biases = [torch.randn(48), None, torch.randn(9)]
+    panels = [code_matmul.pack(weight) for weight in weights]
+    x = torch.randn(rows, 640, generator=torch.Generator().manual_seed(rows))
+    int8 = WeightSet(weights, biases, code_panels=panels, int8=True)
+    got = int8(x)
+    for out, weight, p, bias in zip(got, weights, panels, biases):
+        assert torch.equal(out, code_prompt.linear(x, p, weight.format, weight.shape[0], bias))
+        assert_near(out, gguf_oracle(x, weight, bias))
+    with torch.profiler.profile() as watched:
+        assert all(torch.equal(a, b) for a, b in zip(int8(x), got))
+    assert "swarm::code_prompt_many" in {event.name for event in watched.events()}
+
+
+def test_a_weight_set_in_integer_products_needs_code_panels():
+    weight, _ = weight_of("Q4_1", cols=256)
+    with pytest.raises(KernelError, match="int8"):
+        WeightSet([weight], [None], int8=True)
