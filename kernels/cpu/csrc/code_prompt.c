@@ -34,18 +34,20 @@
 #define LANES 16
 #define PANELS_A_TASK 4
 #define ROWS_A_TASK 96
-#define STEP_ROWS 6
+#define STEP_ROWS 6                    /* rows a step from laid-out codes */
+#define CELL_ROWS 8                    /* rows a step from the cells: a decode step's, up to IN_CELLS_ROWS */
 #define QUADS 8                        /* 4-code groups a sub-block */
 #define QUAD_BYTES (QUADS * 4 * LANES)  /* a panel's codes of one sub-block, laid out: 512 */
 #define ROWS_A_QUANTIZE_TASK 32
 #define IN_CELLS_ROWS 8                /* rows up to which a call expands the codes from the cells, step by step */
 
-typedef struct {   /* x quantized, rows in groups of STEP_ROWS side by side (a step's operands a pointer apart):
-                      quads [M / STEP_ROWS][K / 4][STEP_ROWS] (4 int8 codes each; quad_at), and per sub-block
-                      dx, dx * Q and 128 Q [M / STEP_ROWS][K / 32][STEP_ROWS] (sub_at) */
+typedef struct {   /* x quantized, rows in groups of G (a step's rows: STEP_ROWS, or CELL_ROWS) side by side, so a
+                      step's operands lie a pointer apart: quads [M / G][K / 4][G] (4 int8 codes each; quad_at),
+                      and per sub-block dx, dx * Q and 128 Q [M / G][K / 32][G] (sub_at) */
     int32_t *quads;
     float *dx, *dxq;
     int32_t *q128;
+    int64_t group;   /* G */
 } Rows;
 
 typedef struct {
@@ -86,12 +88,12 @@ static inline int32_t quantize16(const float *v, float inverse, int8_t *q) {
 }
 #endif
 
-static inline int64_t quad_at(int64_t K, int64_t m, int64_t quad) {
-    return ((m / STEP_ROWS) * (K / 4) + quad) * STEP_ROWS + m % STEP_ROWS;
+static inline int64_t quad_at(int64_t G, int64_t K, int64_t m, int64_t quad) {
+    return ((m / G) * (K / 4) + quad) * G + m % G;
 }
 
-static inline int64_t sub_at(int64_t K, int64_t m, int64_t s) {
-    return ((m / STEP_ROWS) * (K / 32) + s) * STEP_ROWS + m % STEP_ROWS;
+static inline int64_t sub_at(int64_t G, int64_t K, int64_t m, int64_t s) {
+    return ((m / G) * (K / 32) + s) * G + m % G;
 }
 
 /* row m of x into the Rows */
@@ -116,8 +118,8 @@ static void quantize_row(const float *x, int64_t K, int64_t m, Rows rows) {
             sum += q[i];
         }
 #endif
-        for (int g = 0; g < QUADS; g++) memcpy(rows.quads + quad_at(K, m, QUADS * s + g), q + 4 * g, 4);
-        const int64_t at = sub_at(K, m, s);
+        for (int g = 0; g < QUADS; g++) memcpy(rows.quads + quad_at(rows.group, K, m, QUADS * s + g), q + 4 * g, 4);
+        const int64_t at = sub_at(rows.group, K, m, s);
         rows.dx[at] = half_rounded(d);
         rows.dxq[at] = rows.dx[at] * (float)sum;
         rows.q128[at] = 128 * sum;
@@ -174,14 +176,15 @@ static void lay_out(const uint8_t *cell, int bits, uint8_t *out) {
 static inline __attribute__((always_inline)) void step(int bits, int in_cells, int R, int P, const Work *w,
                                                        const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
     const int64_t subs = w->K / 32;
-    const int32_t *quads = w->rows.quads + quad_at(w->K, m0, 0);   /* m0: a multiple of STEP_ROWS */
-    const float *dx = w->rows.dx + sub_at(w->K, m0, 0), *dxq = w->rows.dxq + sub_at(w->K, m0, 0);
-    const int32_t *q128 = w->rows.q128 + sub_at(w->K, m0, 0);
-    __m512 acc[STEP_ROWS][4];
+    const int G = in_cells ? CELL_ROWS : STEP_ROWS;   /* m0: a multiple of G */
+    const int32_t *quads = w->rows.quads + quad_at(G, w->K, m0, 0);
+    const float *dx = w->rows.dx + sub_at(G, w->K, m0, 0), *dxq = w->rows.dxq + sub_at(G, w->K, m0, 0);
+    const int32_t *q128 = w->rows.q128 + sub_at(G, w->K, m0, 0);
+    __m512 acc[CELL_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int q = 0; q < P; q++) acc[r][q] = _mm512_setzero_ps();
     for (int64_t s = 0; s < subs; s++) {
-        __m512i sum[STEP_ROWS][4];
+        __m512i sum[CELL_ROWS][4];
         for (int r = 0; r < R; r++)
             for (int q = 0; q < P; q++) sum[r][q] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -191,7 +194,7 @@ static inline __attribute__((always_inline)) void step(int bits, int in_cells, i
                 weights[q] = in_cells ? laid_quad(cell_of(w, o, o->p0 + q0 + q, s), bits, g)
                                       : _mm512_loadu_si512(codes + ((q0 + q) * subs + s) * QUAD_BYTES + 64 * g);
             for (int r = 0; r < R; r++) {
-                const __m512i xs = _mm512_set1_epi32(quads[(QUADS * s + g) * STEP_ROWS + r]);
+                const __m512i xs = _mm512_set1_epi32(quads[(QUADS * s + g) * G + r]);
                 for (int q = 0; q < P; q++) sum[r][q] = _mm512_dpbusd_epi32(sum[r][q], weights[q], xs);
             }
         }
@@ -199,7 +202,7 @@ static inline __attribute__((always_inline)) void step(int bits, int in_cells, i
             const float *ac = scales_of(w, o, o->p0 + q0 + q, s);
             const __m512 a = _mm512_loadu_ps(ac), c = _mm512_loadu_ps(ac + LANES);
             for (int r = 0; r < R; r++) {
-                const int64_t at = s * STEP_ROWS + r;
+                const int64_t at = s * G + r;
                 __m512i S = sum[r][q];
                 if (bits == 8) S = _mm512_sub_epi32(S, _mm512_set1_epi32(q128[at]));
                 const __m512 scale = _mm512_mul_ps(a, _mm512_set1_ps(dx[at]));
@@ -218,30 +221,87 @@ static inline __attribute__((always_inline)) void step(int bits, int in_cells, i
     }
 }
 
-/* each step shape its own function: inlined into one, GCC left their sums on the stack */
+/* each step shape its own function: inlined into one, GCC left their sums on the stack. Laid-out codes: 1-6 rows
+   by 1 or 2 panels; from the cells: 1-8 rows by 1 panel, 1-4 by 2, 1-2 by 4 */
 #define STEP_OF(B, C, R, P) \
     static void step_##B##_##C##_##R##_##P(const Work *w, const Out *o, const uint8_t *codes, int64_t m0, \
                                            int64_t q0) { \
         step(B, C, R, P, w, o, codes, m0, q0); \
     }
-#define STEPS_OF(B, C, P) STEP_OF(B, C, 1, P) STEP_OF(B, C, 2, P) STEP_OF(B, C, 3, P) STEP_OF(B, C, 4, P) \
-    STEP_OF(B, C, 5, P) STEP_OF(B, C, 6, P)
-#define ALL_STEPS_OF(B, C) STEPS_OF(B, C, 1) STEPS_OF(B, C, 2) STEP_OF(B, C, 1, 4) STEP_OF(B, C, 2, 4)
-ALL_STEPS_OF(4, 0)
-ALL_STEPS_OF(8, 0)
-ALL_STEPS_OF(4, 1)
-ALL_STEPS_OF(8, 1)
+STEP_OF(4, 0, 1, 1) STEP_OF(4, 0, 2, 1) STEP_OF(4, 0, 3, 1) STEP_OF(4, 0, 4, 1)
+STEP_OF(4, 0, 5, 1) STEP_OF(4, 0, 6, 1) STEP_OF(4, 0, 1, 2) STEP_OF(4, 0, 2, 2)
+STEP_OF(4, 0, 3, 2) STEP_OF(4, 0, 4, 2) STEP_OF(4, 0, 5, 2) STEP_OF(4, 0, 6, 2)
+STEP_OF(4, 1, 1, 1) STEP_OF(4, 1, 2, 1) STEP_OF(4, 1, 3, 1) STEP_OF(4, 1, 4, 1)
+STEP_OF(4, 1, 5, 1) STEP_OF(4, 1, 6, 1) STEP_OF(4, 1, 7, 1) STEP_OF(4, 1, 8, 1)
+STEP_OF(4, 1, 1, 2) STEP_OF(4, 1, 2, 2) STEP_OF(4, 1, 3, 2) STEP_OF(4, 1, 4, 2)
+STEP_OF(4, 1, 1, 4) STEP_OF(4, 1, 2, 4) STEP_OF(8, 0, 1, 1) STEP_OF(8, 0, 2, 1)
+STEP_OF(8, 0, 3, 1) STEP_OF(8, 0, 4, 1) STEP_OF(8, 0, 5, 1) STEP_OF(8, 0, 6, 1)
+STEP_OF(8, 0, 1, 2) STEP_OF(8, 0, 2, 2) STEP_OF(8, 0, 3, 2) STEP_OF(8, 0, 4, 2)
+STEP_OF(8, 0, 5, 2) STEP_OF(8, 0, 6, 2) STEP_OF(8, 1, 1, 1) STEP_OF(8, 1, 2, 1)
+STEP_OF(8, 1, 3, 1) STEP_OF(8, 1, 4, 1) STEP_OF(8, 1, 5, 1) STEP_OF(8, 1, 6, 1)
+STEP_OF(8, 1, 7, 1) STEP_OF(8, 1, 8, 1) STEP_OF(8, 1, 1, 2) STEP_OF(8, 1, 2, 2)
+STEP_OF(8, 1, 3, 2) STEP_OF(8, 1, 4, 2) STEP_OF(8, 1, 1, 4) STEP_OF(8, 1, 2, 4)
 
-typedef void (*step_shape)(const Work *, const Out *, const uint8_t *, int64_t, int64_t);
-#define SHAPES_OF(B, C, P) {step_##B##_##C##_1_##P, step_##B##_##C##_2_##P, step_##B##_##C##_3_##P, \
-                            step_##B##_##C##_4_##P, step_##B##_##C##_5_##P, step_##B##_##C##_6_##P}
-#define WIDE_OF(B, C) {step_##B##_##C##_1_4, step_##B##_##C##_2_4, NULL, NULL, NULL, NULL}
-#define ALL_OF(B, C) {SHAPES_OF(B, C, 1), SHAPES_OF(B, C, 2), WIDE_OF(B, C)}
-static const step_shape SHAPES[2][2][3][STEP_ROWS] = {{ALL_OF(4, 0), ALL_OF(8, 0)}, {ALL_OF(4, 1), ALL_OF(8, 1)}};
+#define SHAPE(B, C, R, P) ((((C) * 2 + ((B) == 8)) * 16 + (P)) * 16 + (R))
+#define CASE(B, C, R, P) case SHAPE(B, C, R, P): step_##B##_##C##_##R##_##P(w, o, codes, m0, q0); return;
 
-/* rows [m0, m0 + R) against the task's panels [q0, q0 + P), P 1, 2 or (R <= 2) 4; codes NULL: from the cells */
+/* rows [m0, m0 + R) against the task's panels [q0, q0 + P) (a shape above); codes NULL: from the cells */
 static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
-    SHAPES[codes == NULL][o->bits == 8][P == 4 ? 2 : P - 1][R - 1](w, o, codes, m0, q0);
+    switch (SHAPE(o->bits, codes == NULL, R, P)) {
+        CASE(4, 0, 1, 1)
+        CASE(4, 0, 2, 1)
+        CASE(4, 0, 3, 1)
+        CASE(4, 0, 4, 1)
+        CASE(4, 0, 5, 1)
+        CASE(4, 0, 6, 1)
+        CASE(4, 0, 1, 2)
+        CASE(4, 0, 2, 2)
+        CASE(4, 0, 3, 2)
+        CASE(4, 0, 4, 2)
+        CASE(4, 0, 5, 2)
+        CASE(4, 0, 6, 2)
+        CASE(4, 1, 1, 1)
+        CASE(4, 1, 2, 1)
+        CASE(4, 1, 3, 1)
+        CASE(4, 1, 4, 1)
+        CASE(4, 1, 5, 1)
+        CASE(4, 1, 6, 1)
+        CASE(4, 1, 7, 1)
+        CASE(4, 1, 8, 1)
+        CASE(4, 1, 1, 2)
+        CASE(4, 1, 2, 2)
+        CASE(4, 1, 3, 2)
+        CASE(4, 1, 4, 2)
+        CASE(4, 1, 1, 4)
+        CASE(4, 1, 2, 4)
+        CASE(8, 0, 1, 1)
+        CASE(8, 0, 2, 1)
+        CASE(8, 0, 3, 1)
+        CASE(8, 0, 4, 1)
+        CASE(8, 0, 5, 1)
+        CASE(8, 0, 6, 1)
+        CASE(8, 0, 1, 2)
+        CASE(8, 0, 2, 2)
+        CASE(8, 0, 3, 2)
+        CASE(8, 0, 4, 2)
+        CASE(8, 0, 5, 2)
+        CASE(8, 0, 6, 2)
+        CASE(8, 1, 1, 1)
+        CASE(8, 1, 2, 1)
+        CASE(8, 1, 3, 1)
+        CASE(8, 1, 4, 1)
+        CASE(8, 1, 5, 1)
+        CASE(8, 1, 6, 1)
+        CASE(8, 1, 7, 1)
+        CASE(8, 1, 8, 1)
+        CASE(8, 1, 1, 2)
+        CASE(8, 1, 2, 2)
+        CASE(8, 1, 3, 2)
+        CASE(8, 1, 4, 2)
+        CASE(8, 1, 1, 4)
+        CASE(8, 1, 2, 4)
+        default: return;
+    }
 }
 #else   /* the same arithmetic one output at a time, for builds without AVX512-VNNI */
 
@@ -260,11 +320,11 @@ static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *
                 float acc = 0.0f;
                 for (int64_t s = 0; s < subs; s++) {
                     const uint8_t *cell = cell_of(w, o, o->p0 + q, s);
-                    const int64_t at = sub_at(w->K, m0 + r, s);
+                    const int64_t at = sub_at(w->rows.group, w->K, m0 + r, s);
                     int32_t S = 0;
                     for (int k = 0; k < 32; k++) {
-                        const int8_t *quad = (const int8_t *)(w->rows.quads + quad_at(w->K, m0 + r, QUADS * s + k / 4));
-                        S += code_of(cell, o->bits, j, k) * quad[k % 4];
+                        const int64_t at_quad = quad_at(w->rows.group, w->K, m0 + r, QUADS * s + k / 4);
+                        S += code_of(cell, o->bits, j, k) * ((const int8_t *)(w->rows.quads + at_quad))[k % 4];
                     }
                     if (o->bits == 8) S -= w->rows.q128[at];
                     const float *ac = scales_of(w, o, o->p0 + q, s);
@@ -304,11 +364,12 @@ static void matmul_task(void *context, int64_t task, int slot) {
     (void)key;
 #endif
     const int64_t stop = (tile + 1) * ROWS_A_TASK < w->M ? (tile + 1) * ROWS_A_TASK : w->M;
+    const int64_t G = w->rows.group, rows = stop - tile * ROWS_A_TASK;
     for (int64_t q0 = 0; q0 < here;) {
-        const int wide = stop - tile * ROWS_A_TASK <= 2 && here - q0 == 4;   /* 1-2 rows: 4 panels' chains at once */
-        const int P = wide ? 4 : here - q0 >= 2 ? 2 : 1;
-        for (int64_t m0 = tile * ROWS_A_TASK; m0 < stop; m0 += STEP_ROWS)
-            rows_step(stop - m0 < STEP_ROWS ? (int)(stop - m0) : STEP_ROWS, P, w, &o, codes, m0, q0);
+        const int64_t most = codes ? 2 : rows <= 2 ? 4 : rows <= 4 ? 2 : 1;   /* from the cells: chains enough */
+        const int P = (int)(here - q0 >= most ? most : here - q0 >= 2 && most >= 2 ? 2 : 1);
+        for (int64_t m0 = tile * ROWS_A_TASK; m0 < stop; m0 += G)
+            rows_step(stop - m0 < G ? (int)(stop - m0) : (int)G, P, w, &o, codes, m0, q0);
         q0 += P;
     }
 }
@@ -329,10 +390,10 @@ int swarm_code_prompt_many(const float *x, int64_t M, int64_t K, int64_t count, 
                            int threads) {
     if (threads < 1) threads = 1;
     const int64_t subs = K / 32;
-    const int64_t padded = (M + STEP_ROWS - 1) / STEP_ROWS * STEP_ROWS;
+    const int64_t group = M <= IN_CELLS_ROWS ? CELL_ROWS : STEP_ROWS, padded = (M + group - 1) / group * group;
     Work w = {x, {malloc((size_t)(padded * K) + 1), malloc(sizeof(float) * (size_t)(padded * subs + 1)),
                   malloc(sizeof(float) * (size_t)(padded * subs + 1)),
-                  malloc(sizeof(int32_t) * (size_t)(padded * subs + 1))},
+                  malloc(sizeof(int32_t) * (size_t)(padded * subs + 1)), group},
               M, K, panels, formats, N, bias, y,
               aligned_alloc(64, (size_t)(threads * PANELS_A_TASK * subs * QUAD_BYTES) + 64),
               malloc(sizeof(int64_t) * (size_t)threads), (M + ROWS_A_TASK - 1) / ROWS_A_TASK};
