@@ -54,6 +54,45 @@ def test_sharing_changes_no_output_in_the_prompt_precision_auto_picks_here():
     assert_sharing_changes_no_output(shared, unshared, max_tokens=12, alone=3)
 
 
+PROSE = ("The harbour town woke slowly. Fishing boats came in with the tide, gulls circled the market, and the baker "
+         "opened her shutters before the church bell rang six. By noon the square was full of traders selling rope, "
+         "nets, apples and cheese, while children ran between the stalls and the old men argued about the weather. "
+         "In the afternoon a storm rolled in from the west; the boats were pulled up the shingle, the stalls were "
+         "packed away, and everyone waited indoors for the rain to pass. When the sky cleared at dusk, the harbour "
+         "lights came on one by one and the town settled into its evening routine of supper, gossip and sleep.")
+
+
+def test_integer_products_keep_the_next_token_quality_of_float32(smollm2_in_transformers, monkeypatch):
+    """Prompt rows quantized to int8 (engine/prompt_matmul.py's int8_kernel, on any CPU: the plain build where
+    there is no AVX512-VNNI) against transformers' float32 model of the same file, teacher-forced over the prose:
+    the next-token loss and the top choice stay those of float32."""
+    import torch
+
+    from engine import prompt_matmul
+    from engine.machine_probe import INT8_KERNEL
+    from tests.helpers.engine_runs import run_with_logits
+
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: INT8_KERNEL)
+    int8 = LLM(DEFAULT_MODEL, kv_budget_tokens=8192)
+    assert int8.engine.kernels()["prompt_products"] == INT8_KERNEL
+    ids = int8.tokenizer.encode(PROSE)
+    positions = list(range(16, len(ids)))
+    ours = []
+    for start in range(0, len(positions), 8):
+        runs, _ = run_with_logits(int8.engine, [ids[:p] for p in positions[start:start + 8]],
+                                  SamplingParams(max_tokens=1, ignore_eos=True))
+        ours += [logits[0] for _, logits in runs]
+    with torch.no_grad():
+        theirs = smollm2_in_transformers(torch.tensor([ids])).logits[0, [p - 1 for p in positions]]
+    targets = torch.tensor([ids[p] for p in positions])
+    ours_log, theirs_log = torch.log_softmax(torch.stack(ours).double(), -1), torch.log_softmax(theirs.double(), -1)
+    loss = -ours_log.gather(1, targets[:, None]).mean()
+    reference = -theirs_log.gather(1, targets[:, None]).mean()
+    assert abs(loss - reference) <= 0.02 * reference
+    assert (ours_log.argmax(-1) == theirs_log.argmax(-1)).float().mean() >= 0.9
+    assert (theirs_log.exp() * (theirs_log - ours_log)).sum(-1).mean() <= 0.01   # KL from float32, nats
+
+
 def test_the_files_blocks_are_kept_and_give_the_float32_output(llm):
     from engine.quantized_layers import QuantizedLinear
     net = llm.engine.runner.model
