@@ -76,7 +76,7 @@ READ_BYTES = 256 << 20
 BUDGET_S = {"matmul": 1.5, "read": 1.0, "attention": 0.5, "decode": 0.2,   # per dtype, the read probe, per attention
             "panels": 0.2}                                                # precision, per decode (precision, rows),
                                                                           # per (blocks or panels, rows)
-FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_tile")
 CACHE_FILE = "machine-probe.json"
 SUMS_SHAPE = (64, 2048, 64)
 SUMS_TOLERANCE = 1e-5    # of the largest output: float32 sums of 2,048 products stay far inside it, bfloat16 ones not
