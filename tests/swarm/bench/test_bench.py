@@ -23,7 +23,7 @@ BUSY_FIELDS = {"processes", "status", "reason", "prompt_tokens_computed", "decod
                "wall_s", "decode_over_quiet", "wall_over_quiet", "matches_quiet"}
 RATIO_FIELDS = {"kv_bytes_peak", "prompt_tokens_computed", "ttft_last_s", "decode_tok_s", "wall_s"}
 MACHINE_FIELDS = {"key", "cpu", "cores", "flags", "threads", "torch_version", "matmul_flop_s", "read_bytes_per_s",
-                  "probe_s", "attention_flop_s", "decode_flop_s", "panels_speedup", "codes_speedup",
+                  "probe_s", "attention_flop_s", "decode_flop_s", "panels_speedup", "codes_speedup", "int8_speedup",
                   "from_cache"}
 FLOOR_FIELDS = {"matmul_dtype", "prefill_flops", "prefill_s", "decode_steps", "decode_step_bytes",
                 "decode_step_flops", "decode_step_s", "decode_s", "total_s"}
