@@ -79,7 +79,7 @@ static void strip8(const float *a, int64_t row_step, int64_t depth_step, const f
 /* AVX-512: the steps of the AVX2 code below in 16 lanes, with the same operations lane for lane,
    so both builds give the same bits. A strip's last vector may hold 8 columns, masked. */
 
-static inline __m512 exp16(__m512 x) {   /* exp8's steps */
+static inline __m512 exp16(__m512 x) {   /* exp8's steps; 2^n applied by vscalefps, exactly as exp8's exponent add */
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -92,8 +92,7 @@ static inline __m512 exp16(__m512 x) {   /* exp8's steps */
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(pow2));
+    return _mm512_scalef_ps(p, n);
 }
 
 /* c[rows x vecs*16] = a b * scale as tile() below; the last vector's columns are those in `last` */
