@@ -1,6 +1,7 @@
-"""Prompt matmuls from code panels in integer products (csrc/code_prompt.c, whose top gives the sums): x's rows
-quantized as GGUF's Q8_0 quantizes a tensor, multiplied by the weight's integer codes in int32 on AVX512-VNNI, as
-llama.cpp multiplies its quantized weights. The weights are kernels.cpu.code_matmul's panels, packed once.
+"""Matmuls from code panels in integer products (csrc/code_prompt.c, whose top gives the sums), for prompt rows and
+(through weight sets: kernels.cpu.weight_set's int8) decode rows: x's rows quantized as GGUF's Q8_0 quantizes a
+tensor, multiplied by the weight's integer codes in int32 on AVX512-VNNI, as llama.cpp multiplies its quantized
+weights. The weights are kernels.cpu.code_matmul's panels, packed once.
 
     linear_many(x, panels, formats, rows, biases)   [x [M, cols] @ W.T + b for each weight], x quantized once,
                                                     a row's bits its own

@@ -1,6 +1,7 @@
-/* Prompt matmuls from code panels (code_matmul.c's layout) in integer products, as llama.cpp multiplies its
- * quantized weights: x's rows quantized as GGUF's Q8_0 quantizes a tensor, then each sub-block of 32 values
- * multiplied code by code in int32 (AVX512-VNNI's vpdpbusd: 64 byte products a cycle, twice vdpbf16ps's pairs).
+/* Matmuls from code panels (code_matmul.c's layout) in integer products, for prompt rows and decode rows, as
+ * llama.cpp multiplies its quantized weights: x's rows quantized as GGUF's Q8_0 quantizes a tensor, then each
+ * sub-block of 32 values multiplied code by code in int32 (AVX512-VNNI's vpdpbusd: 64 byte products a cycle, twice
+ * vdpbf16ps's pairs).
  *
  * x's row r, sub-block s of 32 values: d = max |x| / 127, q = x / d rounded half away from zero (int8), and
  * dx = d rounded to float16 and back: gguf.quants.quantize(x, Q8_0) gives the same q and dx, so a value is
@@ -14,9 +15,12 @@
  * the plain-C code for CPUs without AVX512-VNNI takes the same steps. x's rounding to int8 is coarser than to
  * bfloat16 (to 1/254 of its sub-block's largest value, where bfloat16 keeps 2^-9 of each value), as llama.cpp's.
  *
- * A task is 64 outputs (4 panels) of one weight for up to ROWS_A_TASK rows: it lays its panels' codes out once,
- * 4 codes of an output a 32-bit lane, then runs steps of 6 rows by 2 panels (12 int32 and 12 float32 sums in
- * registers). Built by kernels/cpu/native.py; called from kernels/cpu/code_prompt.py.
+ * A task is 64 outputs (4 panels) of one weight for up to ROWS_A_TASK rows. With more than IN_CELLS_ROWS rows (a
+ * prompt) it lays its panels' codes out once, 4 codes of an output a 32-bit lane, then runs steps of 6 rows by 2
+ * panels (12 int32 and 12 float32 sums in registers); with fewer (a decode step) each step expands the codes from
+ * the cells in registers, for up to 8 rows at once (1-2 rows take 4 panels' chains, 3-4 two). Either way every
+ * output takes the steps above, so a row's bits do not depend on how many rows come with it.
+ * Built by kernels/cpu/native.py; called from kernels/cpu/code_prompt.py and quant_matmul.c's weight sets.
  */
 #include <math.h>
 #include <stdint.h>
@@ -361,7 +365,7 @@ static void matmul_task(void *context, int64_t task, int slot) {
         w->laid_out[slot] = key;
     }
 #else
-    (void)key;
+    (void)key, (void)slot, (void)subs;
 #endif
     const int64_t stop = (tile + 1) * ROWS_A_TASK < w->M ? (tile + 1) * ROWS_A_TASK : w->M;
     const int64_t G = w->rows.group, rows = stop - tile * ROWS_A_TASK;
