@@ -232,19 +232,16 @@ static inline __attribute__((always_inline)) void step(int bits, int in_cells, i
                                            int64_t q0) { \
         step(B, C, R, P, w, o, codes, m0, q0); \
     }
-STEP_OF(4, 0, 1, 1) STEP_OF(4, 0, 2, 1) STEP_OF(4, 0, 3, 1) STEP_OF(4, 0, 4, 1)
-STEP_OF(4, 0, 5, 1) STEP_OF(4, 0, 6, 1) STEP_OF(4, 0, 1, 2) STEP_OF(4, 0, 2, 2)
-STEP_OF(4, 0, 3, 2) STEP_OF(4, 0, 4, 2) STEP_OF(4, 0, 5, 2) STEP_OF(4, 0, 6, 2)
-STEP_OF(4, 1, 1, 1) STEP_OF(4, 1, 2, 1) STEP_OF(4, 1, 3, 1) STEP_OF(4, 1, 4, 1)
-STEP_OF(4, 1, 5, 1) STEP_OF(4, 1, 6, 1) STEP_OF(4, 1, 7, 1) STEP_OF(4, 1, 8, 1)
-STEP_OF(4, 1, 1, 2) STEP_OF(4, 1, 2, 2) STEP_OF(4, 1, 3, 2) STEP_OF(4, 1, 4, 2)
-STEP_OF(4, 1, 1, 4) STEP_OF(4, 1, 2, 4) STEP_OF(8, 0, 1, 1) STEP_OF(8, 0, 2, 1)
-STEP_OF(8, 0, 3, 1) STEP_OF(8, 0, 4, 1) STEP_OF(8, 0, 5, 1) STEP_OF(8, 0, 6, 1)
-STEP_OF(8, 0, 1, 2) STEP_OF(8, 0, 2, 2) STEP_OF(8, 0, 3, 2) STEP_OF(8, 0, 4, 2)
-STEP_OF(8, 0, 5, 2) STEP_OF(8, 0, 6, 2) STEP_OF(8, 1, 1, 1) STEP_OF(8, 1, 2, 1)
-STEP_OF(8, 1, 3, 1) STEP_OF(8, 1, 4, 1) STEP_OF(8, 1, 5, 1) STEP_OF(8, 1, 6, 1)
-STEP_OF(8, 1, 7, 1) STEP_OF(8, 1, 8, 1) STEP_OF(8, 1, 1, 2) STEP_OF(8, 1, 2, 2)
-STEP_OF(8, 1, 3, 2) STEP_OF(8, 1, 4, 2) STEP_OF(8, 1, 1, 4) STEP_OF(8, 1, 2, 4)
+#define EACH_SHAPE(X) \
+    X(4, 0, 1, 1) X(4, 0, 2, 1) X(4, 0, 3, 1) X(4, 0, 4, 1) X(4, 0, 5, 1) X(4, 0, 6, 1) X(4, 0, 1, 2) \
+    X(4, 0, 2, 2) X(4, 0, 3, 2) X(4, 0, 4, 2) X(4, 0, 5, 2) X(4, 0, 6, 2) X(4, 1, 1, 1) X(4, 1, 2, 1) \
+    X(4, 1, 3, 1) X(4, 1, 4, 1) X(4, 1, 5, 1) X(4, 1, 6, 1) X(4, 1, 7, 1) X(4, 1, 8, 1) X(4, 1, 1, 2) \
+    X(4, 1, 2, 2) X(4, 1, 3, 2) X(4, 1, 4, 2) X(4, 1, 1, 4) X(4, 1, 2, 4) X(8, 0, 1, 1) X(8, 0, 2, 1) \
+    X(8, 0, 3, 1) X(8, 0, 4, 1) X(8, 0, 5, 1) X(8, 0, 6, 1) X(8, 0, 1, 2) X(8, 0, 2, 2) X(8, 0, 3, 2) \
+    X(8, 0, 4, 2) X(8, 0, 5, 2) X(8, 0, 6, 2) X(8, 1, 1, 1) X(8, 1, 2, 1) X(8, 1, 3, 1) X(8, 1, 4, 1) \
+    X(8, 1, 5, 1) X(8, 1, 6, 1) X(8, 1, 7, 1) X(8, 1, 8, 1) X(8, 1, 1, 2) X(8, 1, 2, 2) X(8, 1, 3, 2) \
+    X(8, 1, 4, 2) X(8, 1, 1, 4) X(8, 1, 2, 4)
+EACH_SHAPE(STEP_OF)
 
 #define SHAPE(B, C, R, P) ((((C) * 2 + ((B) == 8)) * 16 + (P)) * 16 + (R))
 #define CASE(B, C, R, P) case SHAPE(B, C, R, P): step_##B##_##C##_##R##_##P(w, o, codes, m0, q0); return;
@@ -252,58 +249,7 @@ STEP_OF(8, 1, 3, 2) STEP_OF(8, 1, 4, 2) STEP_OF(8, 1, 1, 4) STEP_OF(8, 1, 2, 4)
 /* rows [m0, m0 + R) against the task's panels [q0, q0 + P) (a shape above); codes NULL: from the cells */
 static void rows_step(int R, int P, const Work *w, const Out *o, const uint8_t *codes, int64_t m0, int64_t q0) {
     switch (SHAPE(o->bits, codes == NULL, R, P)) {
-        CASE(4, 0, 1, 1)
-        CASE(4, 0, 2, 1)
-        CASE(4, 0, 3, 1)
-        CASE(4, 0, 4, 1)
-        CASE(4, 0, 5, 1)
-        CASE(4, 0, 6, 1)
-        CASE(4, 0, 1, 2)
-        CASE(4, 0, 2, 2)
-        CASE(4, 0, 3, 2)
-        CASE(4, 0, 4, 2)
-        CASE(4, 0, 5, 2)
-        CASE(4, 0, 6, 2)
-        CASE(4, 1, 1, 1)
-        CASE(4, 1, 2, 1)
-        CASE(4, 1, 3, 1)
-        CASE(4, 1, 4, 1)
-        CASE(4, 1, 5, 1)
-        CASE(4, 1, 6, 1)
-        CASE(4, 1, 7, 1)
-        CASE(4, 1, 8, 1)
-        CASE(4, 1, 1, 2)
-        CASE(4, 1, 2, 2)
-        CASE(4, 1, 3, 2)
-        CASE(4, 1, 4, 2)
-        CASE(4, 1, 1, 4)
-        CASE(4, 1, 2, 4)
-        CASE(8, 0, 1, 1)
-        CASE(8, 0, 2, 1)
-        CASE(8, 0, 3, 1)
-        CASE(8, 0, 4, 1)
-        CASE(8, 0, 5, 1)
-        CASE(8, 0, 6, 1)
-        CASE(8, 0, 1, 2)
-        CASE(8, 0, 2, 2)
-        CASE(8, 0, 3, 2)
-        CASE(8, 0, 4, 2)
-        CASE(8, 0, 5, 2)
-        CASE(8, 0, 6, 2)
-        CASE(8, 1, 1, 1)
-        CASE(8, 1, 2, 1)
-        CASE(8, 1, 3, 1)
-        CASE(8, 1, 4, 1)
-        CASE(8, 1, 5, 1)
-        CASE(8, 1, 6, 1)
-        CASE(8, 1, 7, 1)
-        CASE(8, 1, 8, 1)
-        CASE(8, 1, 1, 2)
-        CASE(8, 1, 2, 2)
-        CASE(8, 1, 3, 2)
-        CASE(8, 1, 4, 2)
-        CASE(8, 1, 1, 4)
-        CASE(8, 1, 2, 4)
+        EACH_SHAPE(CASE)
         default: return;
     }
 }
