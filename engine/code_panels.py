@@ -58,7 +58,7 @@ def choose_code_panels(option: bool | None, device: torch.device, precisions: Pr
     if precisions.prompt == INT8_KERNEL and option is not False and layers:
         share = packed_weights.PANELS_SHARE * packed_weights.available_host_bytes()
         return option or code_panels_bytes(layers) <= share
-    return choose_layout(option, code_layers(net), can_use(device, precisions),
+    return choose_layout(option, layers, can_use(device, precisions),
                          "code_panels needs bfloat16 decode products on swarm's CPU kernels with AVX512-BF16 "
                          "(dtype: auto on such a CPU); leave it unset", code_panels_bytes, faster_from_codes)
 

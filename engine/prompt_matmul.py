@@ -49,6 +49,7 @@ from typing import TypeVar
 
 import torch
 
+from engine.kernel_probes import DECODE_ROWS
 from engine.machine_probe import INT8_KERNEL, KERNEL, cached_probe
 
 BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
@@ -101,7 +102,8 @@ def choose_decode(precision: str) -> str:
     probe = cached_probe()
     if precision == INT8_KERNEL and all(
             probe.int8_speedup.get(rows, 0.0) > max(1.0, probe.codes_speedup.get(rows, 0.0),
-                                                    probe.panels_speedup.get(rows, 0.0)) for rows in ("1", "8")):
+                                                    probe.panels_speedup.get(rows, 0.0))
+            for rows in map(str, DECODE_ROWS)):
         return "int8"
     rates = probe.decode_flop_s
     fast = rates.get("bfloat16", {}).get("8", 0.0) >= DECODE_BF16_SPEEDUP * rates.get("float32", {}).get("8", math.inf)
