@@ -31,7 +31,7 @@
 #include "quant_blocks.h"
 #include "task_pool.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -68,8 +68,18 @@ typedef struct {
     int64_t row_tiles;
 } Work;
 
+/* value rounded to float16 and back: to nearest, ties to even, as NumPy's astype(float16) (d >= 0 here) */
 static inline float half_rounded(float value) {
-    return (float)(_Float16)value;   /* to nearest, ties to even, as NumPy's astype(float16) */
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT));
+#else
+    if (!(value > 0.0f) || value == INFINITY) return value;
+    int exponent;
+    frexpf(value, &exponent);   /* value = m 2^exponent, 1/2 <= m < 1: 11 bits kept, or float16's subnormal step */
+    const float step = ldexpf(1.0f, (exponent > -13 ? exponent : -13) - 11);
+    const float rounded = nearbyintf(value / step) * step;
+    return rounded > 65504.0f ? INFINITY : rounded;
+#endif
 }
 
 /* gguf's np_roundf: half away from zero, exactly */

@@ -89,6 +89,25 @@ def test_the_portable_build_gives_the_native_bits(format):
                        code_prompt.linear(x, panels, format, 37))
 
 
+def test_a_build_without_f16c_rounds_the_scales_to_float16_as_f16c_does():
+    """Rows of every size of scale, from float16's subnormals past its largest finite value; the plain build
+    without F16C rounds with frexpf and nearbyintf."""
+    import ctypes
+
+    from kernels.cpu import native
+    from kernels.cpu.signatures import SIGNATURES, declare
+    path = native.library_path("code_prompt", ("-O2", "-mno-avx2", "-mno-fma", "-mno-f16c"))
+    if path is None:
+        pytest.skip("no C compiler")
+    plain = declare(ctypes.CDLL(str(path)), SIGNATURES["code_prompt"])
+    weight, _ = weight_of("Q8_0", cols=256)
+    panels = code_matmul.pack(weight)
+    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(8))
+    x *= torch.logspace(-9, 7, 12)[:, None]   # max |x| / 127 from float16's subnormals to past 65504 (inf: nan)
+    torch.testing.assert_close(code_prompt.linear(x, panels, "Q8_0", 37, library=plain),
+                               code_prompt.linear(x, panels, "Q8_0", 37), rtol=0, atol=0, equal_nan=True)
+
+
 def test_under_the_profiler_a_call_goes_through_the_op():
     weight, _ = weight_of("Q4_0", cols=256)
     panels = code_matmul.pack(weight)
