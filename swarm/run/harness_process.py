@@ -55,6 +55,7 @@ class HarnessProcess:
         self.stdout_path, self.stderr_path = harness_log_paths(Path(run_dir), agent)
         self.token = f"{agent}-{secrets.token_hex(8)}"
         self._popen: subprocess.Popen | None = None
+        self._signalled: set[int] = set()   # every pid a stop signalled: it waits until none of them runs
 
     def start(self) -> "HarnessProcess":
         assert self._popen is None, f"harness process {self.agent} started twice"
@@ -119,13 +120,17 @@ class HarnessProcess:
         return set()
 
     def _gone(self) -> bool:
-        return self._popen is None or (self.poll() is not None and not self.running_tree())
+        """The harness reaped and none of its tree running, nor of the processes a stop signalled: while one exits,
+        its environment reads empty before it is a zombie, so the token no longer finds it."""
+        return self._popen is None or (self.poll() is not None and not self.running_tree()
+                                       and not any(map(_running, self._signalled)))
 
     def _signal_tree(self, signum: int) -> set[int]:
         """Signals the group and every process of the tree; returns the tree it found."""
         if self._popen is None:
             return set()
         tree = self.running_tree()
+        self._signalled |= tree
         group = self._popen.pid
         signalled_group = self._popen.returncode is None  # not reaped: the group's id is still its own
         if signalled_group:
@@ -167,6 +172,15 @@ def _environment(pid: str) -> list[bytes]:
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:  # gone, or another user's
         return []
+
+
+def _running(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _group_of(pid: int) -> int | None:
