@@ -35,17 +35,12 @@
 #include "quant_blocks.h"
 #include "task_pool.h"
 
-#define LANES 16
-#define SCALE_BYTES (2 * LANES * 4)
+#define LANES CODE_LANES
 #define MAX_ROWS 8           /* rows a step */
 #define PANELS_A_TASK 4
 #define NIBBLE_BIAS 128.0f   /* 0x4300 as bfloat16 */
 
-static inline int code_bits(int format) { return format == Q8_0 ? 8 : 4; }
-
-static inline int64_t code_bytes(int bits) { return LANES * 32 * bits / 8; }
-
-int64_t swarm_code_cell_bytes(int format) { return code_bytes(code_bits(format)) + SCALE_BYTES; }
+int64_t swarm_code_cell_bytes(int format) { return code_bytes(code_bits(format)) + CODE_SCALE_BYTES; }
 
 /* the codes and (a, c) of sub-block s of a block: value l = a * codes[l] + c, gguf's value */
 static void sub_block_codes(int format, const uint8_t *block, int s, int codes[32], float *a, float *c) {

@@ -15,7 +15,7 @@
  * the plain-C code for CPUs without AVX512-VNNI takes the same steps. x's rounding to int8 is coarser than to
  * bfloat16 (to 1/254 of its sub-block's largest value, where bfloat16 keeps 2^-9 of each value), as llama.cpp's.
  *
- * A task is 64 outputs (4 panels) of one weight for up to ROWS_A_TASK rows. With more than IN_CELLS_ROWS rows (a
+ * A task is 64 outputs (4 panels) of one weight for up to ROWS_A_TASK rows. With more than CELL_ROWS rows (a
  * prompt) it lays its panels' codes out once, 4 codes of an output a 32-bit lane, then runs steps of 6 rows by 2
  * panels (12 int32 and 12 float32 sums in registers); with fewer (a decode step) each step expands the codes from
  * the cells in registers, for up to 8 rows at once (1-2 rows take 4 panels' chains, 3-4 two). Either way every
@@ -35,15 +35,14 @@
 #include <immintrin.h>
 #endif
 
-#define LANES 16
+#define LANES CODE_LANES
 #define PANELS_A_TASK 4
 #define ROWS_A_TASK 96
 #define STEP_ROWS 6                    /* rows a step from laid-out codes */
-#define CELL_ROWS 8                    /* rows a step from the cells: a decode step's, up to IN_CELLS_ROWS */
+#define CELL_ROWS 8                    /* rows up to which a call expands the codes from the cells, all in one step */
 #define QUADS 8                        /* 4-code groups a sub-block */
 #define QUAD_BYTES (QUADS * 4 * LANES)  /* a panel's codes of one sub-block, laid out: 512 */
 #define ROWS_A_QUANTIZE_TASK 32
-#define IN_CELLS_ROWS 8                /* rows up to which a call expands the codes from the cells, step by step */
 
 typedef struct {   /* x quantized, rows in groups of G (a step's rows: STEP_ROWS, or CELL_ROWS) side by side, so a
                       step's operands lie a pointer apart: quads [M / G][K / 4][G] (4 int8 codes each; quad_at),
@@ -150,19 +149,17 @@ static void quantize_task(void *context, int64_t task, int slot) {
 typedef struct {   /* one weight's task */
     const uint8_t *panels;
     int bits;
-    int64_t cell_bytes, N, p0, panels_here;
+    int64_t cell_bytes, N, p0;
     const float *bias;
     float *y;
 } Out;
-
-static inline int code_bits(int format) { return format == Q8_0 ? 8 : 4; }
 
 static inline const uint8_t *cell_of(const Work *w, const Out *o, int64_t p, int64_t s) {
     return o->panels + (p * (w->K / 32) + s) * o->cell_bytes;
 }
 
 static inline const float *scales_of(const Work *w, const Out *o, int64_t p, int64_t s) {   /* a [16], c [16] */
-    return (const float *)(cell_of(w, o, p, s) + o->cell_bytes - 2 * LANES * 4);
+    return (const float *)(cell_of(w, o, p, s) + o->cell_bytes - CODE_SCALE_BYTES);
 }
 
 #if defined(__AVX512VNNI__)
@@ -308,11 +305,11 @@ static void matmul_task(void *context, int64_t task, int slot) {
     for (; group >= panel_groups(w->N[k]); k++) group -= panel_groups(w->N[k]);
     const int64_t panels = (w->N[k] + LANES - 1) / LANES, p0 = group * PANELS_A_TASK;
     const int64_t here = panels - p0 < PANELS_A_TASK ? panels - p0 : PANELS_A_TASK;
-    const Out o = {w->panels[k], code_bits(w->formats[k]), swarm_code_cell_bytes(w->formats[k]), w->N[k], p0, here,
+    const Out o = {w->panels[k], code_bits(w->formats[k]), swarm_code_cell_bytes(w->formats[k]), w->N[k], p0,
                    w->bias[k], w->y[k]};
     uint8_t *codes = NULL;
 #if defined(__AVX512VNNI__)
-    if (w->M > IN_CELLS_ROWS) {
+    if (w->M > CELL_ROWS) {
         codes = w->scratch + (int64_t)slot * PANELS_A_TASK * subs * QUAD_BYTES;
         if (w->laid_out[slot] != key)
             for (int64_t q = 0; q < here; q++)
@@ -350,7 +347,7 @@ int swarm_code_prompt_many(const float *x, int64_t M, int64_t K, int64_t count, 
                            int threads) {
     if (threads < 1) threads = 1;
     const int64_t subs = K / 32;
-    const int64_t group = M <= IN_CELLS_ROWS ? CELL_ROWS : STEP_ROWS, padded = (M + group - 1) / group * group;
+    const int64_t group = M <= CELL_ROWS ? CELL_ROWS : STEP_ROWS, padded = (M + group - 1) / group * group;
     Work w = {x, {malloc((size_t)(padded * K) + 1), malloc(sizeof(float) * (size_t)(padded * subs + 1)),
                   malloc(sizeof(float) * (size_t)(padded * subs + 1)),
                   malloc(sizeof(int32_t) * (size_t)(padded * subs + 1)), group},
@@ -363,7 +360,7 @@ int swarm_code_prompt_many(const float *x, int64_t M, int64_t K, int64_t count, 
     }
     for (int t = 0; t < threads; t++) w.laid_out[t] = -1;
     const int64_t quantize_tasks = (M + ROWS_A_QUANTIZE_TASK - 1) / ROWS_A_QUANTIZE_TASK;
-    if (M <= IN_CELLS_ROWS)   /* a few rows: on this thread, sooner than waking the others */
+    if (M <= CELL_ROWS)   /* a few rows: on this thread, sooner than waking the others */
         for (int64_t t = 0; t < quantize_tasks; t++) quantize_task(&w, t, 0);
     else
         swarm_pool_run(quantize_task, &w, quantize_tasks, threads);
