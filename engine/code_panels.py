@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import packed_weights
 from engine.kernel_probes import DECODE_ROWS
 from engine.machine_probe import INT8_KERNEL, MachineProbe
 from engine.packed_weights import choose_layout, quantized_layers
@@ -54,13 +53,11 @@ def faster_from_codes(probe: MachineProbe) -> bool:
 def choose_code_panels(option: bool | None, device: torch.device, precisions: Precisions, net: nn.Module) -> bool:
     """option: True or False as asked; None: auto (the module's top). Prompt rows in integer products need them:
     there auto keeps them where they take at most a quarter of the available memory."""
-    layers = code_layers(net)
-    if precisions.prompt == INT8_KERNEL and option is not False and layers:
-        share = packed_weights.PANELS_SHARE * packed_weights.available_host_bytes()
-        return option or code_panels_bytes(layers) <= share
-    return choose_layout(option, layers, can_use(device, precisions),
+    prompts_read_them = precisions.prompt == INT8_KERNEL
+    return choose_layout(option, code_layers(net), prompts_read_them or can_use(device, precisions),
                          "code_panels needs bfloat16 decode products on swarm's CPU kernels with AVX512-BF16 "
-                         "(dtype: auto on such a CPU); leave it unset", code_panels_bytes, faster_from_codes)
+                         "(dtype: auto on such a CPU); leave it unset", code_panels_bytes,
+                         (lambda probe: True) if prompts_read_them else faster_from_codes)
 
 
 def pack(net: nn.Module) -> int:
