@@ -53,12 +53,11 @@ class QuantizedLinear(nn.Module):
         self.code_panels: torch.Tensor | None = None   # its codes laid out for decode rows (engine.code_panels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._cpu_kernel and cpu_kernel.usable(x) and not prompt_matmul.bfloat16_now():
-            return self.weight_set_with(())(x)[0]   # with panels (no code panels), packed_linear's bits
+        alone = together([self], x)   # a few float32 rows on the C kernel; prompt rows in integer products
+        if alone is not None:
+            return alone[0]
         if self._triton is not None:
             return self._triton(x, self.quantized, self.bias)
-        if self.code_panels is not None and prompt_matmul.int8_now() and x.is_cpu:
-            return code_prompt.linear(x, self.code_panels, self.quantized.format, self.out_features, self.bias)
         if self.panels is not None:
             return bf16_kernel.packed_linear(x, self.panels, self.out_features, self.bias)
         if prompt_matmul.kernel_now() and x.is_cpu and bf16_kernel.available():
