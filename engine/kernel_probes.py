@@ -22,7 +22,8 @@ def attention_precisions() -> list[str]:
     from kernels.cpu import native_attention  # builds the kernels, once per machine
     if not native_attention.available():
         return []
-    return ["float32"] + (["bfloat16"] if native_attention.rows_attention_bf16_native() else [])
+    return (["float32"] + (["bfloat16"] if native_attention.rows_attention_bf16_native() else [])
+            + (["int8"] if native_attention.rows_attention_int8_native() else []))
 
 
 def attention_rates(precisions: list[str], budget_s: float) -> dict[str, float]:
@@ -35,10 +36,11 @@ def attention_rates(precisions: list[str], budget_s: float) -> dict[str, float]:
     k, v = (torch.randn(tokens, kv_heads, dim, generator=generator) for _ in range(2))
     flops = 2 * 2 * heads * dim * tokens * (tokens + 1) // 2   # two products over each token's keys
 
-    def attend(bf16: bool) -> Callable[[], object]:
-        return lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=bf16)
+    def attend(precision: str) -> Callable[[], object]:
+        return lambda: native_attention.rows_attention(q, k, v, dim ** -0.5, True, bf16=precision == "bfloat16",
+                                                       int8=precision == "int8")
 
-    seconds = fastest_each({p: attend(p == "bfloat16") for p in precisions}, budget_s * len(precisions))
+    seconds = fastest_each({p: attend(p) for p in precisions}, budget_s * len(precisions))
     return {precision: flops / s for precision, s in seconds.items()}
 
 

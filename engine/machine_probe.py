@@ -19,7 +19,8 @@ for `dtype: auto`, which takes bfloat16 products for prompts where they measure 
     read_bytes_per_s  bytes over the seconds of the fastest `sum()` of a 256 MiB float32 tensor: every byte read
                       once and nothing written, as a decode step reads its weights and KV.
     attention_flop_s  per precision of its products (float32; bfloat16 where the C kernel's build multiplies
-                      them on AVX512-BF16): swarm's prompt attention (kernels/cpu/csrc/rows_attention.c), a causal
+                      them on AVX512-BF16; int8 where it multiplies integers on AVX512-VNNI): swarm's prompt
+                      attention (kernels/cpu/csrc/rows_attention.c), a causal
                       1,024-token prompt of SmolLM2's heads, for `dtype: auto`'s choice of the prompts' attention.
     decode_flop_s     per precision of its products (the same two), per row count (1 and 8): swarm's decode matmul
                       (kernels/cpu/csrc/quant_matmul.c) of DECODE_SHAPE in Q4_1, for `dtype: auto`'s choice of the

@@ -56,6 +56,8 @@ BF16_SPEEDUP = 1.5   # below this, bfloat16's rounding is not worth its speed
 INT8_SPEEDUP = 1.15  # over the fastest path that rounds to bfloat16: below this, int8's coarser rounding is not
                      # worth its speed
 ATTENTION_BF16_SPEEDUP = 1.2   # the attention's: its matmuls' precision already rounds the prompt rows
+ATTENTION_INT8_SPEEDUP = 1.1   # the attention's integer products over its fastest other: the matmuls' int8 rounds
+                               # the rows already, and llama.cpp's q8_0 KV cache rounds K and V as they do
 DECODE_BF16_SPEEDUP = 1.2      # the decode rows': a step of 8 of them
 PRECISIONS = ("float32", "bfloat16", KERNEL, INT8_KERNEL)
 
@@ -81,12 +83,17 @@ def choose(dtype_option: str, device: torch.device, dtype: torch.dtype) -> str:
 def choose_attention(precision: str) -> str:
     """The precision of the prompts' attention products in steps whose matmuls take `precision` (of PRECISIONS):
     bfloat16 where they do and the probe measured the C kernel's bfloat16 products at least
-    ATTENTION_BF16_SPEEDUP x its float32 ones; float32 otherwise."""
+    ATTENTION_BF16_SPEEDUP x its float32 ones; float32 otherwise. With the matmuls in integer products and the
+    attention in bfloat16: integers instead (csrc/rows_attention_i8.h) where the probe timed them at least
+    ATTENTION_INT8_SPEEDUP x bfloat16's (the decode rows' attention then stays bfloat16)."""
     if precision == "float32":
         return "float32"
     rates = cached_probe().attention_flop_s
     fast = rates.get("bfloat16", 0.0) >= ATTENTION_BF16_SPEEDUP * rates.get("float32", math.inf)
-    return "bfloat16" if fast else "float32"
+    if not fast:
+        return "float32"
+    int8 = rates.get("int8", 0.0) >= ATTENTION_INT8_SPEEDUP * rates["bfloat16"]
+    return "int8" if precision == INT8_KERNEL and int8 else "bfloat16"
 
 
 def choose_decode(precision: str) -> str:
@@ -113,9 +120,10 @@ def choose_decode(precision: str) -> str:
 def choose_decode_attention(decode_products: str, prompt_attention: str) -> str:
     """The precision of last-token rows' attention products (decode steps): bfloat16 where decode rows take
     bfloat16 products (choose_decode) and the probe measured the attention kernels' bfloat16 products faster
-    (choose_attention): the decode kernels multiply as the prompt kernel does, on the same instruction; float32
-    otherwise."""
-    return "bfloat16" if decode_products in ("bfloat16", "int8") and prompt_attention == "bfloat16" else "float32"
+    (choose_attention, which then takes bfloat16 or integers): the decode kernels multiply as the prompt kernel's
+    bfloat16 does, on the same instruction; float32 otherwise."""
+    fast = prompt_attention in ("bfloat16", "int8")
+    return "bfloat16" if decode_products in ("bfloat16", "int8") and fast else "float32"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ class CascadeBackend:
         self.device = kv.layers[0][0].device
         self.min_prefix_tokens: float = MIN_PREFIX_TOKENS
         self.bf16_prompts = False
+        self.int8_prompts = False
         self.bf16_decode = False
 
     def use_cascade(self, on: bool) -> None:
@@ -130,15 +131,20 @@ class CascadeBackend:
                                     rows_attention)
 
     def use_prompt_attention(self, precision: str) -> None:
-        bf16 = precision == "bfloat16" and self.kernels.prefill_rows_bf16 is not None
+        bf16 = precision in ("bfloat16", "int8") and self.kernels.prefill_rows_bf16 is not None
         self.bf16_prompts = bf16 and native_attention.bf16_products_native()
+        int8 = precision == "int8" and self.kernels.prefill_rows_int8 is not None
+        self.int8_prompts = int8 and self.bf16_prompts and native_attention.int8_products_native()
 
     def prompt_attention(self) -> str:
-        return "bfloat16" if self.bf16_prompts else "float32"
+        return "int8" if self.int8_prompts else "bfloat16" if self.bf16_prompts else "float32"
 
     def _rows_kernel(self):
-        """The prompt rows' kernel: bfloat16 products where the backend takes them (use_prompt_attention) and the
-        step's matmuls take bfloat16 (engine.prompt_matmul)."""
+        """The prompt rows' kernel: integer products where the backend takes them (use_prompt_attention) and the
+        step's matmuls take integers, bfloat16 ones where it takes those and the step's matmuls round to bfloat16
+        or integers (engine.prompt_matmul)."""
+        if self.int8_prompts and prompt_matmul.int8_now():
+            return self.kernels.prefill_rows_int8
         if self.bf16_prompts and prompt_matmul.bfloat16_now():
             return self.kernels.prefill_rows_bf16
         return self.kernels.prefill_rows

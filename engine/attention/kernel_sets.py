@@ -24,6 +24,7 @@ class AttentionKernels:
     cascade_prefill: Callable | None = None   # prompts continuing one cached trunk read it together; None: not
     prefill_rows: Callable | None = None   # the CPU prefills' rows kernel (native_attention.RowsKernel); None: SDPA
     prefill_rows_bf16: Callable | None = None   # the same in bfloat16 products, for steps in bfloat16; None: none
+    prefill_rows_int8: Callable | None = None   # the same in integer products, for steps in integers; None: none
     trunk_chunks: Callable | None = None   # a trunk's chunks' partials for paged_decode_with_lse's `given`, so that
                                            # a row gets the bits of its whole context read alone; None: merged by lse
     decode_chunk: Callable[[], int] | None = None   # the keys of those chunks: a shared trunk is cut at a multiple
@@ -42,6 +43,7 @@ NATIVE_KERNELS = AttentionKernels("native", native_attention.write_kv, native_at
                                   cascade_prefill=cascade_prefill.prefill_attention,
                                   prefill_rows=native_attention.RowsKernel(),
                                   prefill_rows_bf16=native_attention.RowsKernel(bf16=True),
+                                  prefill_rows_int8=native_attention.RowsKernel(int8=True),
                                   trunk_chunks=native_attention.trunk_chunks,
                                   decode_chunk=native_attention.decode_chunk, decode_bf16=True, bf16_pool=True)
 

@@ -50,7 +50,8 @@ def pool_dtype(device: torch.device, dtype: torch.dtype, prompt_attention: str, 
     (engine.prompt_matmul's choose_attention and choose_decode_attention). Those products round every float32 key
     and value to bfloat16 as they read it, so the pool holds what they read in half the bytes (llama.cpp keeps
     16-bit KV too) and gives a row the same bits. `dtype` elsewhere."""
-    if device.type != "cpu" or dtype != torch.float32 or not prompt_attention == decode_attention == "bfloat16":
+    read_bf16 = prompt_attention in ("bfloat16", "int8") and decode_attention == "bfloat16"
+    if device.type != "cpu" or dtype != torch.float32 or not read_bf16:
         return dtype
     bf16 = _kernels_for(device.type, _choice(choice)).bf16_pool and native_attention.bf16_products_native()
     return torch.bfloat16 if bf16 else dtype

@@ -331,10 +331,11 @@ def rows_attention_outputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, bf16: 
 
 
 def rows_attention(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool,
-                   bf16: bool = False, carry: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    out, lse = rows_attention_outputs(q, k, v, causal, bf16)
+                   bf16: bool = False, carry: Tensor | None = None, int8: bool = False) -> tuple[Tensor, Tensor]:
+    """int8: the products in integers (csrc/rows_attention_i8.h), which read k and v in bfloat16 as well."""
+    out, lse = rows_attention_outputs(q, k, v, causal, bf16 or int8)
     expect_optional("rows_attention", "carry", carry, running_shape(q))
-    _call_rows_attention(lib, q, k, v, scale, causal, bf16, out.data_ptr(), lse.data_ptr(),
+    _call_rows_attention(lib, q, k, v, scale, causal, _products(bf16, int8), out.data_ptr(), lse.data_ptr(),
                          None if carry is None else carry.data_ptr(), None)
     return out, lse
 
@@ -350,16 +351,21 @@ def rows_attention_running_outputs(q: Tensor, k: Tensor, v: Tensor, bf16: bool =
 
 
 def rows_attention_running(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor, scale: float,
-                           bf16: bool = False) -> Tensor:
-    running = rows_attention_running_outputs(q, k, v, bf16)
-    _call_rows_attention(lib, q, k, v, scale, False, bf16, None, None, None, running.data_ptr())
+                           bf16: bool = False, int8: bool = False) -> Tensor:
+    running = rows_attention_running_outputs(q, k, v, bf16 or int8)
+    _call_rows_attention(lib, q, k, v, scale, False, _products(bf16, int8), None, None, None, running.data_ptr())
     return running
 
 
-def _call_rows_attention(lib, q, k, v, scale, causal, bf16, out, lse, carry_in, carry_out) -> None:
+def _products(bf16: bool, int8: bool) -> int:
+    """csrc/rows_attention.c's precision of products: 0 float32, 1 bfloat16, 2 integers."""
+    return 2 if int8 else int(bf16)
+
+
+def _call_rows_attention(lib, q, k, v, scale, causal, products, out, lse, carry_in, carry_out) -> None:
     tokens, heads, dim = q.shape
     failed = lib.swarm_rows_attention(q.data_ptr(), tokens, heads, k.shape[1], dim, k.data_ptr(), v.data_ptr(),
-                                      k.shape[0], int(causal), int(bf16), _is_bf16(k), scale, out, lse, carry_in,
+                                      k.shape[0], int(causal), products, _is_bf16(k), scale, out, lse, carry_in,
                                       carry_out, torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its scratch memory")

@@ -54,47 +54,55 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
-                   library: ctypes.CDLL | None = None, bf16: bool = False):
+                   library: ctypes.CDLL | None = None, bf16: bool = False, int8: bool = False):
     """Prefill rows q [tokens, heads, dim] over one span of keys k, v [keys, kv_heads, dim]
     -> out (float32) [tokens, heads, dim], lse [tokens, heads]. causal: the tokens are the span's
     last ones, each seeing the keys up to its own (sdpa_attention.causal_tail_with_lse's
     contract); otherwise every token sees every key (sdpa_attention.prefix_attention's).
-    bf16: both products in bfloat16 summed in float32 (csrc/rows_attention.c), the rest float32.
-    float32 CPU tensors only (k and v in bfloat16 too, with bf16), others go to the SDPA path. library: tests pass
-    other builds."""
-    if not (takes_c(q, k, v, bf16) and len(k) >= len(q) * causal and len(k) > 0):
+    bf16: both products in bfloat16 summed in float32 (csrc/rows_attention.c), the rest float32. int8: both in
+    integers (csrc/rows_attention_i8.h; heads whose size is no multiple of 32 take bfloat16).
+    float32 CPU tensors only (k and v in bfloat16 too, with bf16 or int8), others go to the SDPA path. library:
+    tests pass other builds."""
+    if not (takes_c(q, k, v, bf16 or int8) and len(k) >= len(q) * causal and len(k) > 0):
         return sdpa_attention.rows_attention(q, k, v, scale, causal)
-    return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, bf16, library=library)
+    return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, causal, bf16, None, int8,
+                              library=library)
 
 
 @dataclass(frozen=True, slots=True)
 class RowsKernel:
     """The C kernel for prompt rows in one precision of products (bf16: bfloat16 where this build multiplies them
-    natively, float32 elsewhere). Called, rows_attention's contract. A prompt's keys split at a multiple of
+    natively, float32 elsewhere; int8: integers where this build multiplies them natively, else as bf16).
+    Called, rows_attention's contract. A prompt's keys split at a multiple of
     chunk_keys() give each row the same bits in two calls as in one: `running` over the keys before the split,
     every row seeing all of them, then `continued` from there (csrc/rows_attention.c's running states)."""
 
     bf16: bool = False
+    int8: bool = False
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):
-        return rows_attention(q, k, v, scale, causal, bf16=self._bf16())
+        return rows_attention(q, k, v, scale, causal, bf16=self._bf16(), int8=self._int8())
 
     def splits(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Whether `running` and `continued` take these rows over these caches' keys."""
-        return takes_c(q, k_cache, v_cache, self._bf16())
+        return takes_c(q, k_cache, v_cache, self._bf16() or self._int8())
 
     def running(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Each row's running state over all of k, v: [tokens, heads, dim + 2]."""
-        return ops.rows_attention_running(q.contiguous(), k.contiguous(), v.contiguous(), scale, self._bf16())
+        return ops.rows_attention_running(q.contiguous(), k.contiguous(), v.contiguous(), scale, self._bf16(),
+                                          self._int8())
 
     def continued(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, running: torch.Tensor):
         """out, lse of the rows q, the span's last ones, causal over the keys before (their `running` states)
         and k, v."""
         return ops.rows_attention(q.contiguous(), k.contiguous(), v.contiguous(), scale, True, self._bf16(),
-                                  running.contiguous())
+                                  running.contiguous(), self._int8())
 
     def _bf16(self) -> bool:
-        return self.bf16 and bf16_products_native()
+        return (self.bf16 or self.int8) and bf16_products_native()
+
+    def _int8(self) -> bool:
+        return self.int8 and int8_products_native()
 
 
 @functools.cache
@@ -107,6 +115,18 @@ def rows_attention_bf16_native(library: ctypes.CDLL | None = None) -> bool:
     """Whether rows_attention's bfloat16 products run on AVX512-BF16 in this build (library: another build)."""
     library = library or entry_points.library("rows_attention")
     return library is not None and library.swarm_rows_attention_bf16_native() == 1
+
+
+def rows_attention_int8_native(library: ctypes.CDLL | None = None) -> bool:
+    """Whether rows_attention's integer products run on AVX512-VNNI in this build (library: another build)."""
+    library = library or entry_points.library("rows_attention")
+    return library is not None and library.swarm_rows_attention_int8_native() == 1
+
+
+@functools.cache
+def int8_products_native() -> bool:
+    """Whether RowsKernel(int8=True) multiplies in integers in this process (else as bf16=True does)."""
+    return rows_attention_int8_native()
 
 
 @functools.cache

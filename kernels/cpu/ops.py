@@ -143,13 +143,14 @@ def _prefix_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Te
 
 @custom_op("swarm::rows_attention", mutates_args=())
 def _rows_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, bf16: bool = False,
-                    carry: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    return entry_points.rows_attention(built("rows_attention"), q, k, v, scale, causal, bf16, carry)
+                    carry: Tensor | None = None, int8: bool = False) -> tuple[Tensor, Tensor]:
+    return entry_points.rows_attention(built("rows_attention"), q, k, v, scale, causal, bf16, carry, int8)
 
 
 @custom_op("swarm::rows_attention_running", mutates_args=())
-def _rows_attention_running(q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False) -> Tensor:
-    return entry_points.rows_attention_running(built("rows_attention"), q, k, v, scale, bf16)
+def _rows_attention_running(q: Tensor, k: Tensor, v: Tensor, scale: float, bf16: bool = False,
+                            int8: bool = False) -> Tensor:
+    return entry_points.rows_attention_running(built("rows_attention"), q, k, v, scale, bf16, int8)
 
 
 @custom_op("swarm::merge_attention", mutates_args=())
@@ -178,10 +179,10 @@ _paged_decode.register_fake(lambda q, k_cache, v_cache, block_tables, lengths, s
 _prefix_partials.register_fake(lambda q, k, v, scale, bf16=False: entry_points.prefix_partials_outputs(
     q, k, v, built("prefix_attention").swarm_prefix_chunk(), bf16))
 _prefix_attention.register_fake(lambda q, k, v, scale: entry_points.prefix_attention_outputs(q, k, v))
-_rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None:
-                              entry_points.rows_attention_outputs(q, k, v, causal, bf16))
-_rows_attention_running.register_fake(lambda q, k, v, scale, bf16=False:
-                                      entry_points.rows_attention_running_outputs(q, k, v, bf16))
+_rows_attention.register_fake(lambda q, k, v, scale, causal, bf16=False, carry=None, int8=False:
+                              entry_points.rows_attention_outputs(q, k, v, causal, bf16 or int8))
+_rows_attention_running.register_fake(lambda q, k, v, scale, bf16=False, int8=False:
+                                      entry_points.rows_attention_running_outputs(q, k, v, bf16 or int8))
 _merge_attention.register_fake(entry_points.merge_attention_outputs)
 _write_kv.register_fake(entry_points.check_write_kv)
 

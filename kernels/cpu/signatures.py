@@ -50,6 +50,7 @@ SIGNATURES: dict[str, dict[str, tuple[list, object]]] = {   # source -> function
         "swarm_merge_attention": ([_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr], None)},
     "rows_attention": {
         "swarm_rows_attention_bf16_native": ([], _int),
+        "swarm_rows_attention_int8_native": ([], _int),
         "swarm_rows_attention_chunk": ([], _i64),
         "swarm_rows_attention": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _int, _int, _int, _f32, _ptr,
                                   _ptr, _ptr, _ptr, _int], _int)},

@@ -69,20 +69,27 @@ def test_decode_rows_get_the_same_bits_shared_or_alone_and_logits_close_to_the_b
 
 
 @pytest.mark.parametrize("variant,weights", [("llama", "q4_1"), ("qwen3", "q4_0"), ("llama", "q8_0")])
+@pytest.mark.parametrize("attention", ["bfloat16", "int8"])
 def test_in_integer_products_rows_get_the_same_bits_shared_or_alone_and_logits_close_to_float32(
-        tiny_model_dir, variant, weights, monkeypatch):
+        tiny_model_dir, variant, weights, attention, monkeypatch):
     """Prompt and decode rows in integer products, as auto takes them where the probe timed them fastest (on any
-    CPU: the plain builds where there is no AVX512-VNNI)."""
+    CPU: the plain builds where there is no AVX512-VNNI), the prompts' attention in bfloat16 or integers (where
+    this build multiplies integers natively)."""
     from engine import prompt_matmul
     from engine.machine_probe import INT8_KERNEL
+    from kernels.cpu import native_attention
 
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: INT8_KERNEL)
+    monkeypatch.setattr(prompt_matmul, "choose_attention", lambda precision: attention)
     monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "int8")
+    native = native_attention.available() and native_attention.int8_products_native() \
+        and native_attention.bf16_products_native()
     folder = str(tiny_model_dir(variant))
     _, prompts = swarm_prompts(trunk_len=300, suffix_len=30, agents=4, seed=12)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     int8 = engine(folder, weights)
     assert int8.kernels()["prompt_products"] == INT8_KERNEL and int8.kernels()["decode_products"] == "int8"
+    assert int8.kernels()["prompt_attention"] == attention or not native
     together, mixed = run_with_logits(int8, prompts, params)
     assert mixed > 0, "no prompt was computed beside decode rows"
     unshared = engine(folder, weights, enable_prefix_caching=False)

@@ -73,20 +73,23 @@ def test_on_the_c_kernels_sharing_changes_no_bit_of_any_logit(tiny_model_dir, va
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
-def test_a_bfloat16_pool_gives_every_logit_the_bits_of_a_float32_pool(tiny_model_dir, variant, monkeypatch):
+@pytest.mark.parametrize("products, attention", [("bfloat16_kernel", "bfloat16"), ("int8_kernel", "int8")])
+def test_a_bfloat16_pool_gives_every_logit_the_bits_of_a_float32_pool(tiny_model_dir, variant, products, attention,
+                                                                      monkeypatch):
     """Prompts and decode rows in bfloat16 products, their attention too (as auto takes them where the probe
-    measured them faster): the pool is kept in bfloat16 where this CPU multiplies bfloat16 natively, half the
-    bytes, and every logit of agents sharing a trunk, prompts computed beside decode rows, has the bits the same
-    engine gives from a float32 pool."""
+    measured them faster), or all in integer products but the decode rows' attention: the pool is kept in bfloat16
+    where this CPU multiplies bfloat16 natively, half the bytes, and every logit of agents sharing a trunk,
+    prompts computed beside decode rows, has the bits the same engine gives from a float32 pool."""
     import engine.llm_engine as llm_engine
     from engine import prompt_matmul
     from engine.llm_engine import EngineOptions, LLMEngine
     from kernels.cpu import native_attention
     from tests.helpers.engine_runs import run_with_logits
 
-    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: prompt_matmul.KERNEL)
-    monkeypatch.setattr(prompt_matmul, "choose_attention", lambda precision: "bfloat16")
-    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16")
+    monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: products)
+    monkeypatch.setattr(prompt_matmul, "choose_attention", lambda precision: attention)
+    monkeypatch.setattr(prompt_matmul, "choose_decode", lambda precision: "bfloat16" if attention == "bfloat16"
+                        else "int8")
     folder = str(tiny_model_dir(variant))
     _, prompts = swarm_prompts(trunk_len=300, suffix_len=30, agents=4, seed=7)
     params = SamplingParams(max_tokens=8, ignore_eos=True)

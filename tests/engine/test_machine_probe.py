@@ -55,7 +55,9 @@ def test_the_prompt_attention_is_timed_in_each_precision_its_build_multiplies_na
         assert probe.attention_flop_s == {}
         return
     native = native_attention.rows_attention_bf16_native()
-    assert set(probe.attention_flop_s) == {"float32"} | ({"bfloat16"} if native else set())
+    integers = native_attention.rows_attention_int8_native()
+    assert set(probe.attention_flop_s) == {"float32"} | ({"bfloat16"} if native else set()) | (
+        {"int8"} if integers else set())
     assert all(0 < rate < math.inf for rate in probe.attention_flop_s.values())
 
 

@@ -112,7 +112,7 @@ def write_probe(bf16_flop_s: float, native: bool = True, sums: bool = True, kern
                           "bfloat16": MatmulRate(bf16_flop_s, (2048, 576, 1536), native, sums),
                           KERNEL: MatmulRate(kernel_flop_s, (2048, 576, 1536), True),
                           INT8_KERNEL: MatmulRate(int8_flop_s, (2048, 576, 1536), True)}, 1e10, 1.0,
-                         attention or {"float32": 1e11, "bfloat16": 1e11},
+                         attention or {"float32": 1e11, "bfloat16": 1e11, "int8": 1e11},
                          decode or {precision: {"1": 1e10, "8": 1e11} for precision in ("float32", "bfloat16")},
                          {"1": 1.0, "8": 1.0}, {"1": 2.0, "8": 1.0}, int8_speedup or {"1": 0.5, "8": 0.5})
     key = this_machine_key()
@@ -145,6 +145,28 @@ def test_the_prompts_attention_takes_bfloat16_where_the_probe_measured_it_faster
     write_probe(3e11, attention=rates)
     monkeypatch.setattr("engine.machine_probe.attention_precisions", lambda: list(rates))
     assert prompt_matmul.choose_attention(precision) == expected
+
+
+@pytest.mark.parametrize(("int8", "precision", "expected"),
+                         [(1.7e11, INT8_KERNEL, "int8"), (1.6e11, INT8_KERNEL, "bfloat16"),
+                          (1.7e11, KERNEL, "bfloat16"), (None, INT8_KERNEL, "bfloat16")])
+def test_the_prompts_attention_takes_integers_where_the_matmuls_do_and_the_probe_timed_them_faster(
+        monkeypatch, tmp_path, int8, precision, expected):
+    """At least ATTENTION_INT8_SPEEDUP (1.1) x bfloat16's 1.5e11; no int8 rate: no native integer products."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    rates = {"float32": 1e11, "bfloat16": 1.5e11} | ({} if int8 is None else {"int8": int8})
+    write_probe(3e11, attention=rates)
+    monkeypatch.setattr("engine.machine_probe.attention_precisions", lambda: list(rates))
+    assert prompt_matmul.choose_attention(precision) == expected
+
+
+def test_integers_in_the_prompts_attention_need_its_bfloat16_products_faster(monkeypatch, tmp_path):
+    """The decode rows' attention then stays bfloat16: without fast bfloat16 products, float32 throughout."""
+    monkeypatch.setenv("SWARM_CACHE_DIR", str(tmp_path))
+    rates = {"float32": 1e11, "bfloat16": 1.1e11, "int8": 3e11}
+    write_probe(3e11, attention=rates)
+    monkeypatch.setattr("engine.machine_probe.attention_precisions", lambda: list(rates))
+    assert prompt_matmul.choose_attention(INT8_KERNEL) == "float32"
 
 
 @pytest.mark.parametrize(("float32", "bfloat16", "precision", "expected"),
@@ -180,7 +202,8 @@ def test_decode_rows_take_integer_products_where_prompts_do_and_the_probe_timed_
 @pytest.mark.parametrize(("products", "prompt_attention", "expected"),
                          [("bfloat16", "bfloat16", "bfloat16"), ("bfloat16", "float32", "float32"),
                           ("int8", "bfloat16", "bfloat16"), ("int8", "float32", "float32"),
-                          ("float32", "bfloat16", "float32"), ("float32", "float32", "float32")])
+                          ("int8", "int8", "bfloat16"), ("float32", "bfloat16", "float32"),
+                          ("float32", "float32", "float32")])
 def test_decode_attention_takes_bfloat16_where_decode_rows_and_the_prompts_attention_do(products, prompt_attention,
                                                                                          expected):
     assert prompt_matmul.choose_decode_attention(products, prompt_attention) == expected

@@ -62,19 +62,27 @@ PROSE = ("The harbour town woke slowly. Fishing boats came in with the tide, gul
          "lights came on one by one and the town settled into its evening routine of supper, gossip and sleep.")
 
 
-def test_integer_products_keep_the_next_token_quality_of_float32(smollm2_in_transformers, monkeypatch):
+@pytest.mark.parametrize("attention", ["bfloat16", "int8"])
+def test_integer_products_keep_the_next_token_quality_of_float32(smollm2_in_transformers, attention, monkeypatch):
     """Prompt rows quantized to int8 (engine/prompt_matmul.py's int8_kernel, on any CPU: the plain build where
-    there is no AVX512-VNNI) against transformers' float32 model of the same file, teacher-forced over the prose:
-    the next-token loss and the top choice stay those of float32."""
+    there is no AVX512-VNNI), their attention in bfloat16 or in integers too (csrc/rows_attention_i8.h, where the
+    build multiplies them natively), against transformers' float32 model of the same file, teacher-forced over the
+    prose: the next-token loss and the top choice stay those of float32."""
     import torch
 
     from engine import prompt_matmul
     from engine.machine_probe import INT8_KERNEL
+    from kernels.cpu import native_attention
     from tests.helpers.engine_runs import run_with_logits
 
     monkeypatch.setattr(prompt_matmul, "choose", lambda dtype_option, device, dtype: INT8_KERNEL)
+    monkeypatch.setattr(prompt_matmul, "choose_attention", lambda precision: attention)
     int8 = LLM(DEFAULT_MODEL, kv_budget_tokens=8192)
     assert int8.engine.kernels()["prompt_products"] == INT8_KERNEL
+    if attention == "int8" and not (native_attention.int8_products_native()
+                                    and native_attention.bf16_products_native()):
+        pytest.skip("this build does not multiply the attention's integers natively")
+    assert int8.engine.kernels()["prompt_attention"] == attention
     ids = int8.tokenizer.encode(PROSE)
     positions = list(range(16, len(ids)))
     ours = []

@@ -1,6 +1,7 @@
 """Builds a kernel's code paths for tests, beside the one the process loads: the plain-C one (AVX2 and FMA
-off), the AVX2 one (AVX-512 off, where the compiler and this CPU have AVX2) and the -march=native one. Each comes
-back loaded with its functions declared (kernels.cpu.signatures.SIGNATURES), for a wrapper's `library=`.
+off), the AVX2 one (AVX-512 off, where the compiler and this CPU have AVX2), the -march=native one, and that one
+without AVX512-VNNI. Each comes back loaded with its functions declared (kernels.cpu.signatures.SIGNATURES), for
+a wrapper's `library=`.
 
 The builds are cached beside the native ones (kernels.cpu.native.cache_dir), keyed like them by the
 source, its headers, the flags and the compiler: some kernels take many seconds to compile."""
@@ -24,6 +25,11 @@ def avx2_library(name: str, folder: Path | None = None) -> ctypes.CDLL:
     if not {"avx2", "fma"} <= set(native._cpu_flags().split()):
         pytest.skip("this CPU has no AVX2 and FMA")
     return _cached(name, build_choice.NARROWER)
+
+
+def without_vnni_library(name: str) -> ctypes.CDLL:
+    """The -march=native build less AVX512-VNNI: integer products in plain C, the rest as native."""
+    return _cached(name, ("-mno-avx512vnni",))
 
 
 def widest_library(name: str) -> ctypes.CDLL:

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "code_matmul.h"
+#include "q8_blocks.h"
 #include "quant_blocks.h"
 #include "task_pool.h"
 
@@ -67,40 +68,6 @@ typedef struct {
     int64_t row_tiles;
 } Work;
 
-/* value rounded to float16 and back: to nearest, ties to even, as NumPy's astype(float16) (d >= 0 here) */
-static inline float half_rounded(float value) {
-#if defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT));
-#else
-    if (!(value > 0.0f) || value == INFINITY) return value;
-    int exponent;
-    frexpf(value, &exponent);   /* value = m 2^exponent, 1/2 <= m < 1: 11 bits kept, or float16's subnormal step */
-    const float step = ldexpf(1.0f, (exponent > -13 ? exponent : -13) - 11);
-    const float rounded = nearbyintf(value / step) * step;
-    return rounded > 65504.0f ? INFINITY : rounded;
-#endif
-}
-
-/* gguf's np_roundf: half away from zero, exactly */
-static inline float round_away(float v) {
-    const float a = fabsf(v), floored = floorf(a);
-    return copysignf(floored + floorf(2.0f * (a - floored)), v);
-}
-
-#if defined(__AVX512F__)
-/* 16 of a sub-block's values over `inverse` as round_away rounds them, to int8; returns their sum */
-static inline int32_t quantize16(const float *v, float inverse, int8_t *q) {
-    const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(v), _mm512_set1_ps(inverse));
-    const __m512 a = _mm512_abs_ps(scaled), floored = _mm512_floor_ps(a);
-    const __m512 away = _mm512_add_ps(floored, _mm512_floor_ps(_mm512_add_ps(_mm512_sub_ps(a, floored),
-                                                                             _mm512_sub_ps(a, floored))));
-    const __m512i codes = _mm512_cvttps_epi32(_mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_castps_si512(away), _mm512_and_si512(_mm512_castps_si512(scaled), _mm512_set1_epi32(INT32_MIN)))));
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(codes));
-    return _mm512_reduce_add_epi32(codes);
-}
-#endif
-
 static inline int64_t quad_at(int64_t G, int64_t K, int64_t m, int64_t quad) {
     return ((m / G) * (K / 4) + quad) * G + m % G;
 }
@@ -113,27 +80,9 @@ static inline int64_t sub_at(int64_t G, int64_t K, int64_t m, int64_t s) {
 static void quantize_row(const float *x, int64_t K, int64_t m, Rows rows) {
     for (int64_t s = 0; s < K / 32; s++) {
         int8_t q[32];
-        const float *v = x + 32 * s;
-        float top = 0.0f;
-#if defined(__AVX512F__)
-        top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)),
-                                                 _mm512_abs_ps(_mm512_loadu_ps(v + 16))));
-#else
-        for (int i = 0; i < 32; i++) top = fabsf(v[i]) > top ? fabsf(v[i]) : top;
-#endif
-        const float d = top / 127.0f, inverse = d == 0.0f ? 0.0f : 1.0f / d;
-        int32_t sum = 0;
-#if defined(__AVX512F__)
-        sum = quantize16(v, inverse, q) + quantize16(v + 16, inverse, q + 16);
-#else
-        for (int i = 0; i < 32; i++) {
-            q[i] = (int8_t)round_away(v[i] * inverse);
-            sum += q[i];
-        }
-#endif
-        for (int g = 0; g < QUADS; g++) memcpy(rows.quads + quad_at(rows.group, K, m, QUADS * s + g), q + 4 * g, 4);
         const int64_t at = sub_at(rows.group, K, m, s);
-        rows.dx[at] = half_rounded(d);
+        const int32_t sum = q8_block(x + 32 * s, q, rows.dx + at);
+        for (int g = 0; g < QUADS; g++) memcpy(rows.quads + quad_at(rows.group, K, m, QUADS * s + g), q + 4 * g, 4);
         rows.dxq[at] = rows.dx[at] * (float)sum;
         rows.q128[at] = 128 * sum;
     }

@@ -214,6 +214,8 @@ static void fold_columns(float *running, const float *partial, int64_t cols, int
             running[i * cols + r] = running[i * cols + r] * a[r] + partial[i * cols + r] * b[r];
 }
 
+#include "rows_attention_i8.h"
+
 typedef struct {
     uint32_t *queries, *weights;   /* Q's panels [cols / 16][dim / 2][16]; P^T's pairs [CHUNK / 2][cols] */
     float *st, *partial, *running, *fold;
@@ -295,30 +297,50 @@ int swarm_rows_attention_bf16_native(void) {
 #endif
 }
 
+/* 1 where the integer products run on AVX512-VNNI, 0 where they run the plain C code (same bits, far slower) */
+int swarm_rows_attention_int8_native(void) {
+#if defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+enum { FLOAT32, BFLOAT16, INT8 };   /* the products' precision */
+
+static size_t scratch_of_products(int64_t cols, int64_t dim, int products) {
+    return products == INT8 ? scratch8_floats(cols, dim) : scratch_floats(cols, dim, products == BFLOAT16);
+}
+
+/* the span laid out for the products (none for float32); nonzero when memory runs out */
+static int pack_for(const void *k, const void *v, const Problem *p, int products, Packed *packed, Packed8 *packed8,
+                    int threads) {
+    if (products == INT8) return pack_span8(k, v, p, packed8, threads);
+    return products == BFLOAT16 ? pack_span(k, v, p, packed, threads) : 0;
+}
+
 /* q: [tokens, heads, dim]; k, v: [keys, kv_heads, dim] rows `stride` floats apart; out: [tokens,
  * heads, dim]; lse: [tokens, heads]. causal: token i sits at key position keys - tokens + i and
  * sees keys up to it (tokens <= keys); otherwise every token sees every key. dim is a multiple
- * of 8. bf16: the products in bfloat16 (above). kv_bf16: k and v hold bfloat16 (the products are then bfloat16).
- * carry_in, carry_out: NULL, or running states (Problem). Returns -1 when scratch memory runs out. */
+ * of 8. products: 0 float32, 1 bfloat16 (above), 2 integer (rows_attention_i8.h; heads whose dim is no multiple
+ * of 32, or over MAX_I8_DIM, take bfloat16). kv_bf16: k and v hold bfloat16 (the products are then bfloat16 or
+ * integer). carry_in, carry_out: NULL, or running states (Problem). Returns -1 when scratch memory runs out. */
 int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim,
-                         const void *k, const void *v, int64_t keys, int causal, int bf16, int kv_bf16, float scale,
-                         float *out, float *lse, const float *carry_in, float *carry_out, int threads) {
+                         const void *k, const void *v, int64_t keys, int causal, int products, int kv_bf16,
+                         float scale, float *out, float *lse, const float *carry_in, float *carry_out, int threads) {
     const int64_t groups = heads / kv_heads;
     const int64_t block_tokens = BLOCK_ROWS / groups > 0 ? BLOCK_ROWS / groups : 1;
     const Problem p = {tokens, heads, kv_heads, groups, dim, keys, keys - tokens, causal, block_tokens,
                        kv_heads * dim, carry_in, carry_out, kv_bf16};
-    bf16 = bf16 || kv_bf16;
+    if (products == INT8 && !i8_takes(dim)) products = BFLOAT16;
+    if (kv_bf16 && products == FLOAT32) products = BFLOAT16;
     const int64_t blocks = (tokens + block_tokens - 1) / block_tokens, cols = (block_tokens * groups + 7) / 8 * 8;
     Packed packed = {NULL, NULL, 0};
-    int failed = 0;
-    if (bf16 && pack_span(k, v, &p, &packed, threads)) {
-        free(packed.keys);
-        free(packed.values);
-        return -1;
-    }
-    #pragma omp parallel num_threads(threads)
-    {
-        float *memory = malloc(sizeof(float) * scratch_floats(cols, dim, bf16));
+    Packed8 packed8 = {NULL, NULL, NULL, NULL, NULL, 0};
+    int failed = pack_for(k, v, &p, products, &packed, &packed8, threads);
+    #pragma omp parallel num_threads(threads) if (!failed)
+    if (!failed) {   /* (the pragma's clause spares the threads' start where packing failed) */
+        float *memory = malloc(sizeof(float) * scratch_of_products(cols, dim, products));
         if (!memory) {
             #pragma omp atomic write
             failed = 1;
@@ -328,7 +350,10 @@ int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t 
             if (!memory) continue;
             /* the longest (latest) blocks first: dynamic scheduling then ends evenly */
             const int64_t h = task % kv_heads, block = blocks - 1 - task / kv_heads;
-            if (bf16)
+            if (products == INT8)
+                block_attention_i8(q, &packed8, &p, h, block * block_tokens, scale, scratch8_of(memory, cols, dim),
+                                   out, lse);
+            else if (products == BFLOAT16)
                 block_attention_bf16(q, &packed, &p, h, block * block_tokens, scale, scratch16_of(memory, cols, dim),
                                      out, lse);
             else
@@ -339,5 +364,6 @@ int swarm_rows_attention(const float *q, int64_t tokens, int64_t heads, int64_t 
     }
     free(packed.keys);
     free(packed.values);
+    free_packed8(&packed8);
     return failed ? -1 : 0;
 }

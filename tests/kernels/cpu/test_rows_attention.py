@@ -5,6 +5,7 @@ import torch
 
 from kernels.cpu import native_attention
 from tests.helpers import portable_kernels as portable
+from tests.helpers.written_attention import inputs, written_out
 
 pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C compiler for the kernels")
 
@@ -13,24 +14,6 @@ pytestmark = pytest.mark.skipif(not native_attention.available(), reason="no C c
 # trunk; no grouping with a wide head; eight groups; one token over one key
 SHAPES = [(600, 600, 9, 3, 64, True), (100, 300, 6, 2, 32, True), (130, 2048, 9, 3, 64, False),
           (37, 300, 4, 4, 128, True), (70, 90, 32, 4, 16, True), (1, 1, 6, 2, 8, True)]
-
-
-def inputs(tokens, keys, heads, kv_heads, dim, seed=0, spread=1.0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(tokens, heads, dim, generator=gen) * spread
-    return q, torch.randn(keys, kv_heads, dim, generator=gen), torch.randn(keys, kv_heads, dim, generator=gen)
-
-
-def written_out(q, k, v, scale, causal):
-    """out, lse in float64, each head reading its KV head, token i at key position keys - tokens + i."""
-    tokens, heads, _ = q.shape
-    keys, kv_heads, _ = k.shape
-    kk, vv = (t.double().repeat_interleave(heads // kv_heads, 1) for t in (k, v))
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
-    if causal:
-        positions = torch.arange(keys - tokens, keys)
-        scores.masked_fill_(torch.arange(keys)[None, None, :] > positions[None, :, None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv), torch.logsumexp(scores, -1).T
 
 
 @pytest.mark.parametrize("shape", SHAPES)
