@@ -214,6 +214,29 @@ static void fold_columns(float *running, const float *partial, int64_t cols, int
             running[i * cols + r] = running[i * cols + r] * a[r] + partial[i * cols + r] * b[r];
 }
 
+/* Running states kept a row of `cols` per quantity ([dim + 2][cols]), as the bfloat16 and integer products keep
+   them: each of the block's rows' carried in (the padding columns from 0s), where there are */
+static void carried_in(const Problem *p, int64_t h, int64_t token0, int64_t rows, int64_t cols, float *running) {
+    for (int64_t r = 0; p->carry_in && r < cols; r++)
+        for (int64_t i = 0; i < p->dim + 2; i++)
+            running[i * cols + r] = r < rows ? p->carry_in[head_of(p, h, token0, r) * (p->dim + 2) + i] : 0.0f;
+}
+
+/* each row's out and lse from its running state, or the state itself to carry_out */
+static void finished(const Problem *p, int64_t h, int64_t token0, int64_t rows, int64_t cols, const float *running,
+                     float *out, float *lse) {
+    const int64_t dim = p->dim;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t head = head_of(p, h, token0, r);
+        if (p->carry_out) {
+            for (int64_t i = 0; i < dim + 2; i++) p->carry_out[head * (dim + 2) + i] = running[i * cols + r];
+            continue;
+        }
+        for (int64_t d = 0; d < dim; d++) out[head * dim + d] = running[(2 + d) * cols + r] / running[cols + r];
+        lse[head] = running[r] + logf(running[cols + r]);
+    }
+}
+
 #include "rows_attention_i8.h"
 
 typedef struct {
@@ -232,9 +255,7 @@ static void block_attention_bf16(const float *q, const Packed *packed, const Pro
         uint32_t *lane = w.queries + r / 16 * 16 * half + r % 16;
         for (int64_t j = 0; j < half; j++) lane[j * 16] = bf16_pair(query[2 * j], query[2 * j + 1]);
     }
-    for (int64_t r = 0; p->carry_in && r < cols; r++)   /* the padding columns start from 0s */
-        for (int64_t i = 0; i < dim + 2; i++)
-            w.running[i * cols + r] = r < rows ? p->carry_in[head_of(p, h, token0, r) * (dim + 2) + i] : 0.0f;
+    carried_in(p, h, token0, rows, cols, w.running);
     const int64_t last_position = p->causal ? p->first_position + token0 + tokens - 1 : p->keys - 1;
     const int64_t first_unmasked = p->causal ? p->first_position + token0 : p->keys;
     for (int64_t first = 0; first <= last_position; first += CHUNK) {
@@ -253,15 +274,7 @@ static void block_attention_bf16(const float *q, const Packed *packed, const Pro
         bf16_tile(&output, dim, cols);
         fold_columns(w.running, w.partial, cols, dim, w.fold, first == 0 && !p->carry_in);
     }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t head = head_of(p, h, token0, r);
-        if (p->carry_out) {
-            for (int64_t i = 0; i < dim + 2; i++) p->carry_out[head * (dim + 2) + i] = w.running[i * cols + r];
-            continue;
-        }
-        for (int64_t d = 0; d < dim; d++) out[head * dim + d] = w.running[(2 + d) * cols + r] / w.running[cols + r];
-        lse[head] = w.running[r] + logf(w.running[cols + r]);
-    }
+    finished(p, h, token0, rows, cols, w.running, out, lse);
 }
 
 static size_t scratch_floats(int64_t cols, int64_t dim, int bf16) {

@@ -14,8 +14,8 @@
  * codes of P' on the keys it sees only: a row's result depends on its query, the keys it sees and their values,
  * never on the rows or keys beyond it, so a prompt split at a multiple of CHUNK keeps its bits. Rounding to int8
  * is coarser than to bfloat16 (a value to 1/254 of its sub-block's largest), as llama.cpp's q8_0 KV cache rounds
- * it. The plain-C build multiplies with the same bits. The includer defines Problem, CHUNK, MASKED, head_of and
- * fold_columns (rows_attention.c) and includes attention_tiles.h.
+ * it. The plain-C build multiplies with the same bits. The includer defines Problem, CHUNK, MASKED, head_of, mask,
+ * fold_columns, carried_in and finished (rows_attention.c) and includes attention_tiles.h.
  */
 #ifndef SWARM_ROWS_ATTENTION_I8_H
 #define SWARM_ROWS_ATTENTION_I8_H
@@ -295,9 +295,7 @@ static void block_attention_i8(const float *q, const Packed8 *packed, const Prob
     const int64_t rows = tokens * p->groups, cols = (rows + 7) / 8 * 8, dim = p->dim;
     const int64_t block = scores_block(dim), subs = dim / block;
     pack_queries8(q, p, h, token0, rows, cols, w);
-    for (int64_t r = 0; p->carry_in && r < cols; r++)   /* the padding columns start from 0s */
-        for (int64_t i = 0; i < dim + 2; i++)
-            w.running[i * cols + r] = r < rows ? p->carry_in[head_of(p, h, token0, r) * (dim + 2) + i] : 0.0f;
+    carried_in(p, h, token0, rows, cols, w.running);
     const int64_t last_position = p->causal ? p->first_position + token0 + tokens - 1 : p->keys - 1;
     const int64_t first_unmasked = p->causal ? p->first_position + token0 : p->keys;
     for (int64_t first = 0; first <= last_position; first += CHUNK) {
@@ -311,15 +309,7 @@ static void block_attention_i8(const float *q, const Packed8 *packed, const Prob
         chunk_outputs8(packed, p, h, token0, rows, cols, first, n, w);
         fold_columns(w.running, w.partial, cols, dim, w.fold, first == 0 && !p->carry_in);
     }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t head = head_of(p, h, token0, r);
-        if (p->carry_out) {
-            for (int64_t i = 0; i < dim + 2; i++) p->carry_out[head * (dim + 2) + i] = w.running[i * cols + r];
-            continue;
-        }
-        for (int64_t d = 0; d < dim; d++) out[head * dim + d] = w.running[(2 + d) * cols + r] / w.running[cols + r];
-        lse[head] = w.running[r] + logf(w.running[cols + r]);
-    }
+    finished(p, h, token0, rows, cols, w.running, out, lse);
 }
 
 #endif
