@@ -2,7 +2,8 @@
  * (i8_tiles.h: 64 byte products an instruction, 1.47x bfloat16's products a second on a Zen 4). Codes are
  * quantized as GGUF's Q8_0 quantizes (q8_blocks.h: d = max |x| / 127, codes rounded half away from zero, d to
  * float16), each from what the span holds (float32, or a pool's bfloat16):
- *     q, k   each query row's and key's head in sub-blocks of SCORES_BLOCK dims (its whole head up to 64 dims)
+ *     q, k   each query row's and key's head in sub-blocks of scores_block(dim): 64 dims, or 32 where the heads
+ *            are no multiple of 64
  *     v      each key's head in sub-blocks of 32 dims
  * (k and v rounded to bfloat16 first, as the bfloat16 products read them: a pool in either dtype gives the same bits)
  *     S^T = K Q^T * scale        i8_tiles.h: per sub-block, the codes' int32 sum scaled by dk * dq
@@ -42,7 +43,7 @@ static inline int64_t weight_quads(int64_t n) { return (n + Q8_BLOCK - 1) / Q8_B
 
 /* The span's keys and values as the integer products read them, per KV head:
  *     keys          [kv_heads][keys][dim / 4]            key t's codes, 4 dims a word (signed)
- *     key_scales    [kv_heads][keys][dim / SCORES_BLOCK] and key_offsets: 128 x the sub-block's codes' sum
+ *     key_scales    [kv_heads][keys][dim / scores_block(dim)] and key_offsets: 128 x the sub-block's codes' sum
  *     values        [kv_heads][chunks][dim][CHUNK / 4]   dim d's codes of 4 consecutive keys a word (0 past the
  *                                                        span)
  *     value_scales  [kv_heads][keys][dim / 32] */
@@ -112,7 +113,7 @@ static int pack_span8(const void *k, const void *v, const Problem *p, Packed8 *p
 
 typedef struct {
     uint32_t *queries;    /* Q's panels [cols / 16][dim / 4][16], codes + 128 */
-    float *query_scales;  /* [cols / 16][dim / SCORES_BLOCK][16] */
+    float *query_scales;  /* [cols / 16][dim / scores_block(dim)][16] */
     uint32_t *weights;    /* [dim / 32][CHUNK / 4][cols] P'_g's codes (+ 16 words of slack: steps read whole
                              vectors) */
     float *weight_scales; /* [dim / 32][cols rounded up to 16] each row's step d */
