@@ -117,14 +117,13 @@ typedef struct {
     uint32_t *weights;    /* [dim / 32][CHUNK / 4][cols] P'_g's codes (+ 16 words of slack: steps read whole
                              vectors) */
     float *weight_scales; /* [dim / 32][cols rounded up to 16] each row's step d */
-    float *bound;         /* [dim / 32][CHUNK] the largest dv_g of the chunk's keys up to each */
     float *st, *partial, *running, *fold;
 } Scratch8;
 
 static size_t scratch8_floats(int64_t cols, int64_t dim) {
     const int64_t panels = (cols + 15) / 16 * 16, groups = dim / Q8_BLOCK;
     return (size_t)(panels * dim / 4 + panels * dim / Q8_BLOCK + groups * (CHUNK / 4 * cols + 16) + groups * panels
-                    + groups * CHUNK + CHUNK * cols + 2 * (dim + 2) * cols + 2 * cols);
+                    + CHUNK * cols + 2 * (dim + 2) * cols + 2 * cols);
 }
 
 static Scratch8 scratch8_of(float *memory, int64_t cols, int64_t dim) {
@@ -134,8 +133,7 @@ static Scratch8 scratch8_of(float *memory, int64_t cols, int64_t dim) {
     w.query_scales = (float *)(w.queries + panels * dim / 4);
     w.weights = (uint32_t *)(w.query_scales + panels * dim / Q8_BLOCK);
     w.weight_scales = (float *)(w.weights + groups * (CHUNK / 4 * cols + 16));
-    w.bound = w.weight_scales + groups * panels;
-    w.st = w.bound + groups * CHUNK;
+    w.st = w.weight_scales + groups * panels;
     w.partial = w.st + CHUNK * cols;
     w.running = w.partial + (dim + 2) * cols;
     w.fold = w.running + (dim + 2) * cols;
@@ -166,8 +164,8 @@ static void pack_queries8(const float *q, const Problem *p, int64_t h, int64_t t
 
 /* each row's step d of P'_g for the chunk's n keys from `first`: the largest dv_g of the keys it sees, / 255 */
 static void weight_steps(const Problem *p, int64_t token0, int64_t rows, int64_t cols, int64_t first, int64_t n,
-                         const float *dv, int64_t dv_step, float *bound, float *steps) {
-    float most = 0.0f;
+                         const float *dv, int64_t dv_step, float *steps) {
+    float bound[CHUNK], most = 0.0f;   /* the largest dv_g of the chunk's keys up to each */
     for (int64_t t = 0; t < n; t++) {
         most = dv[t * dv_step] > most ? dv[t * dv_step] : most;
         bound[t] = most;
@@ -182,10 +180,6 @@ static void weight_steps(const Problem *p, int64_t token0, int64_t rows, int64_t
     }
 }
 
-/* The chunk's softmax over its n keys (scores st [n x cols], masked keys MASKED), straight into P'_g's codes for
-   each sub-block g of v: word (quad j, row r) of weights[g] holds keys 4 j .. 4 j + 3 of row r (0 past n), each
-   round(e * dv_g[t] / step_g[r]), e = exp(score - row max), exactly 0 for a masked key. Each row's max and sum
-   (of the unrounded e) go to top and total, as softmax_columns gives them. */
 #if defined(__AVX512F__)
 /* key t's e of the lanes, its codes (times dv_g[t] / step) or'ed into byte k of word[g] */
 static inline __attribute__((always_inline)) void key_codes(int G, const float *score_row, __mmask16 lanes, __m512 m,
@@ -237,6 +231,10 @@ static inline __attribute__((always_inline)) void softmax_codes16(int G, const f
 SOFTMAX_CODES(1) SOFTMAX_CODES(2) SOFTMAX_CODES(4) SOFTMAX_CODES(8)
 #endif
 
+/* The chunk's softmax over its n keys (scores st [n x cols], masked keys MASKED), straight into P'_g's codes for
+   each sub-block g of v: word (quad j, row r) of weights[g] holds keys 4 j .. 4 j + 3 of row r (0 past n), each
+   round(e * dv_g[t] / step_g[r]), e = exp(score - row max), exactly 0 for a masked key. Each row's max and sum
+   (of the unrounded e) go to top and total, as softmax_columns gives them. */
 static void softmax_codes(const float *st, int64_t n, int64_t cols, const float *dv, int64_t groups,
                           const float *const *steps, uint32_t *const *weights, float *top, float *total) {
     int64_t r = 0;
@@ -249,16 +247,18 @@ static void softmax_codes(const float *st, int64_t n, int64_t cols, const float 
                                            total);
 #endif
     for (; r < cols; r++) {   /* the same steps a row at a time (exp: libm's) */
-        float m = -INFINITY, sum = 0.0f;
+        float m = -INFINITY, sum = 0.0f, inverse[MAX_I8_DIM / Q8_BLOCK];
         for (int64_t t = 0; t < n; t++) m = st[t * cols + r] > m ? st[t * cols + r] : m;
-        for (int64_t t0 = 0; t0 < 4 * weight_quads(n); t0 += 4)
-            for (int64_t g = 0; g < groups; g++) weights[g][t0 / 4 * cols + r] = 0;
+        for (int64_t g = 0; g < groups; g++) {
+            inverse[g] = steps[g][r] > 0.0f ? 1.0f / steps[g][r] : 0.0f;
+            for (int64_t t0 = 0; t0 < 4 * weight_quads(n); t0 += 4) weights[g][t0 / 4 * cols + r] = 0;
+        }
         for (int64_t t = 0; t < n; t++) {
             const float score = st[t * cols + r], e = score != MASKED ? expf(score - m) : 0.0f;
             sum += e;
             for (int64_t g = 0; g < groups; g++) {
-                const float inverse = steps[g][r] > 0.0f ? 1.0f / steps[g][r] : 0.0f;
-                weights[g][t / 4 * cols + r] |= (uint32_t)nearbyintf(e * dv[t * groups + g] * inverse) << 8 * (t % 4);
+                const uint32_t code = (uint32_t)nearbyintf(e * dv[t * groups + g] * inverse[g]);
+                weights[g][t / 4 * cols + r] |= code << 8 * (t % 4);
             }
         }
         top[r] = m;
@@ -278,7 +278,7 @@ static void chunk_outputs8(const Packed8 *packed, const Problem *p, int64_t h, i
     for (int64_t g = 0; g < groups; g++) {
         weights[g] = w.weights + g * (CHUNK / 4 * cols + 16);
         steps[g] = w.weight_scales + g * panels;
-        weight_steps(p, token0, rows, cols, first, n, dv + g, groups, w.bound + g * CHUNK, steps[g]);
+        weight_steps(p, token0, rows, cols, first, n, dv + g, groups, steps[g]);
     }
     softmax_codes(w.st, n, cols, dv, groups, (const float *const *)steps, weights, w.partial, w.partial + cols);
     for (int64_t g = 0; g < groups; g++) {
